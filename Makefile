@@ -1,0 +1,40 @@
+# d3-fleet: every target installs what it needs into .venv/ first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+.PHONY: help venv lint pytest test plan lab lab-down demo molecule clean
+
+help:
+	@echo "make demo      bring up the lab and run site.yml against it"
+	@echo "make test      lint + pytest + molecule (the whole suite)"
+	@echo "make lint      ansible-lint (production), yamllint, ruff"
+	@echo "make plan INVENTORY=inventories/example   print the placement plan"
+	@echo "make lab / make lab-down   start / remove the simulated L4 lab"
+
+$(VENV)/.installed: requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	yamllint -s .
+	ruff check .
+	ansible-lint
+
+pytest: venv
+	pytest
+
+INVENTORY ?= inventories/example
+plan: venv
+	ansible-playbook playbooks/plan.yml -i $(INVENTORY)
+
+test: lint pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint pytest test plan lab lab-down demo molecule clean
+.PHONY: help venv lint pytest test plan lab lab-images lab-down demo molecule clean
 
 help:
 	@echo "make demo      bring up the lab and run site.yml against it"
@@ -33,6 +33,17 @@ pytest: venv
 INVENTORY ?= inventories/example
 plan: venv
 	ansible-playbook playbooks/plan.yml -i $(INVENTORY)
+
+# The lab: stand-ins for GPUs, NVIDIA's repository, the vLLM image and Hugging Face (see lab/README.md).
+LAB_HOSTS ?= 2
+lab: venv
+	ansible-playbook playbooks/lab.yml -e lab_host_count=$(LAB_HOSTS)
+
+lab-images: venv
+	ansible-playbook playbooks/lab.yml --tags images
+
+lab-down: venv
+	ansible-playbook playbooks/lab-down.yml
 
 test: lint pytest
 

@@ -1,0 +1,500 @@
+"""Placement planner for D3 decision models on L4 hosts (Ansible filter plugin ``d3_plan``).
+
+Pure functions: given the catalog (roles/d3/vars/main.yml), a host's desired instances (``d3_models``)
+and its GPUs, compute where every instance runs (GPUs, port, unit name), its full vLLM command line,
+its environment and a VRAM budget per GPU, or refuse with messages that name the host, the instance,
+the variable and the fix. Nothing here touches a host.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1024**3
+MIB = 1024**2
+
+# vLLM flags the planner owns: they come from instance keys or the catalog, never from extra_args.
+OWNED_FLAGS = {
+    "--model": "the catalog's hf_repo (choose the model with `model:`)",
+    "--revision": "d3_model_revisions",
+    "--served-model-name": "the instance `name:`",
+    "--host": "d3_listen_address",
+    "--port": "the instance `port:`",
+    "--api-key": "d3_api_key_file (the key must not appear on a command line)",
+}
+# Catalog flags an instance may override through extra_args.
+CATALOG_FLAGS = (
+    "--tensor-parallel-size",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--quantization",
+)
+BOOLEAN_FLAGS = {
+    "--enforce-eager",
+    "--no-enforce-eager",
+    "--trust-remote-code",
+    "--disable-custom-all-reduce",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--disable-log-stats",
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
+    "--skip-mm-profiling",
+    "--language-model-only",
+}
+FLAG_ALIASES = {"-tp": "--tensor-parallel-size"}
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+ITEM_KEYS = {"model", "gpus", "port", "name", "extra_args", "env"}
+
+
+class PlanError(ValueError):
+    """Raised by callers that want an exception instead of the ``errors`` list."""
+
+
+@dataclass
+class Options:
+    """Fleet-wide planner settings (the ``d3_*`` inventory variables)."""
+
+    port_base: int = 8000
+    listen_address: str = "127.0.0.1"
+    revisions: dict[str, str] = field(default_factory=dict)
+    allow_non_l4: bool = False
+    allow_cuda_graphs: bool = False
+    require_revisions: bool = False
+    vram_overhead_mib: int = 2048
+    hf_cache_dir: str = "/var/lib/d3/huggingface"
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> Options:
+        raw = dict(raw or {})
+        known = {k: raw.pop(k) for k in list(raw) if k in cls.__dataclass_fields__}
+        if raw:
+            raise PlanError(f"unknown planner option(s): {', '.join(sorted(raw))}")
+        return cls(**known)
+
+
+def split_args(args: list[Any]) -> list[tuple[str, str | None]]:
+    """Split a vLLM argument list into (flag, value) pairs; value is None for boolean flags."""
+    pairs: list[tuple[str, str | None]] = []
+    items = [str(a) for a in args]
+    i = 0
+    while i < len(items):
+        token = items[i]
+        if not token.startswith("-"):
+            raise ValueError(f"'{token}' is not a flag (extra_args items are --flag, --flag=value or --flag value)")
+        if "=" in token:
+            flag, value = token.split("=", 1)
+            pairs.append((FLAG_ALIASES.get(flag, flag), value))
+            i += 1
+            continue
+        flag = FLAG_ALIASES.get(token, token)
+        if flag in BOOLEAN_FLAGS or i + 1 >= len(items) or items[i + 1].startswith("--"):
+            pairs.append((flag, None))
+            i += 1
+        else:
+            pairs.append((flag, items[i + 1]))
+            i += 2
+    return pairs
+
+
+def mib_of_gb(gb: float) -> int:
+    return round(gb * 1e9 / MIB)
+
+
+def host_gpus(count: int, memory_mib: int = 23034, name: str = "NVIDIA L4") -> list[dict[str, Any]]:
+    """GPUs declared in inventory (d3_gpu_count / d3_gpu_memory_mib / d3_gpu_name)."""
+    return [{"index": i, "name": name, "memory_total_mib": int(memory_mib)} for i in range(int(count))]
+
+
+def _fmt(value: float) -> str:
+    text = f"{value:.4f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+class _Planner:
+    def __init__(
+        self,
+        host: str,
+        models: list[dict[str, Any]],
+        catalog: dict[str, Any],
+        common: dict[str, Any],
+        gpus: list[dict[str, Any]],
+        options: Options,
+    ) -> None:
+        self.host = host
+        self.models = models
+        self.catalog = catalog
+        self.common = common
+        self.gpus = sorted(gpus, key=lambda g: int(g["index"]))
+        self.opt = options
+        self.errors: list[str] = []
+        self.util: dict[int, float] = {int(g["index"]): 0.0 for g in self.gpus}
+        self.use: dict[int, list[dict[str, Any]]] = {int(g["index"]): [] for g in self.gpus}
+
+    def refuse(self, where: str, problem: str, fix: str) -> None:
+        self.errors.append(f"host {self.host}: {where}: {problem}. Fix: {fix}")
+
+    # -- per-instance resolution ------------------------------------------------------------
+    def resolve(self, pos: int, item: Any) -> dict[str, Any] | None:
+        where = f"d3_models[{pos}]"
+        if not isinstance(item, dict):
+            self.refuse(where, f"expected a mapping with a `model:` key, got {item!r}", "write `- model: d3-mini`")
+            return None
+        unknown = sorted(set(item) - ITEM_KEYS)
+        if unknown:
+            self.refuse(where, f"unknown key(s) {unknown}", f"use only {sorted(ITEM_KEYS)}")
+            return None
+        model = item.get("model")
+        if model not in self.catalog:
+            self.refuse(
+                where,
+                f"unknown model {model!r}",
+                f"set d3_models[{pos}].model to one of: {', '.join(sorted(self.catalog))}",
+            )
+            return None
+        entry = self.catalog[model]
+        name = str(item.get("name") or entry["instance_name"])
+        where = f"d3_models[{pos}] ({name})"
+        if not NAME_RE.match(name):
+            self.refuse(where, f"name {name!r} is not a valid unit name", "use lowercase letters, digits and '-'")
+            return None
+
+        try:
+            pairs = split_args(list(item.get("extra_args") or []))
+        except ValueError as exc:
+            self.refuse(where, f"d3_models[{pos}].extra_args: {exc}", "write each flag as '--flag=value'")
+            return None
+        flags: dict[str, str | None] = {
+            "--tensor-parallel-size": str(entry["tensor_parallel_size"]),
+            "--max-model-len": str(entry["max_model_len"]),
+            "--gpu-memory-utilization": _fmt(float(entry["gpu_memory_utilization"])),
+            "--quantization": str(self.common["quantization"]),
+        }
+        eager = bool(self.common["enforce_eager"])
+        extra: list[tuple[str, str | None]] = []
+        for flag, value in pairs:
+            if flag in OWNED_FLAGS:
+                self.refuse(
+                    where, f"extra_args sets {flag}, which the planner owns", f"remove it; set {OWNED_FLAGS[flag]}"
+                )
+                return None
+            if flag == "--enforce-eager":
+                eager = True
+            elif flag == "--no-enforce-eager":
+                eager = False
+            elif flag in CATALOG_FLAGS:
+                flags[flag] = value
+            else:
+                extra.append((flag, value))
+
+        kv = dict(extra).get("--kv-cache-dtype")
+        if kv is not None and kv in self.common["forbidden_kv_cache_dtypes"]:
+            self.refuse(
+                where,
+                f"--kv-cache-dtype {kv} crashes D3 on the first request that reaches encoder attention "
+                "('quantized KV cache is not supported for encoder attention')",
+                f"remove --kv-cache-dtype from d3_models[{pos}].extra_args",
+            )
+        if not eager and not self.opt.allow_cuda_graphs:
+            self.refuse(
+                where,
+                "dropping --enforce-eager makes vLLM capture CUDA graphs, which OOMs on a 24 GB L4 "
+                "(fixed 18.4 GB vision-encoder profiling allocation)",
+                "remove --no-enforce-eager, or set d3_allow_cuda_graphs: true to acknowledge the risk",
+            )
+        try:
+            tp = int(str(flags["--tensor-parallel-size"]))
+            max_len = int(str(flags["--max-model-len"]))
+            util = float(str(flags["--gpu-memory-utilization"]))
+        except ValueError as exc:
+            self.refuse(where, f"a numeric flag in extra_args does not parse ({exc})", "give numbers")
+            return None
+        if tp < 1:
+            self.refuse(where, f"--tensor-parallel-size {tp} is below 1", "use 1 or more")
+            return None
+        if max_len > int(self.common["max_position_embeddings"]) or max_len < 1:
+            self.refuse(
+                where,
+                f"--max-model-len {max_len} is outside 1..{self.common['max_position_embeddings']} "
+                "(max_position_embeddings)",
+                f"lower --max-model-len in d3_models[{pos}].extra_args",
+            )
+        if not 0.0 < util <= 1.0:
+            self.refuse(where, f"--gpu-memory-utilization {util} is outside (0, 1]", "use a fraction such as 0.45")
+            return None
+
+        weights_mib = mib_of_gb(float(entry["weights_fp8_gb"]))
+        per_gpu_need = -(-weights_mib // tp) + int(self.opt.vram_overhead_mib)
+        min_mem = min((int(g["memory_total_mib"]) for g in self.gpus), default=0)
+        if self.gpus and per_gpu_need > min_mem * util:
+            smallest = min(
+                (t for t in range(tp, 9) if -(-weights_mib // t) + self.opt.vram_overhead_mib <= min_mem * util),
+                default=None,
+            )
+            hint = f"use --tensor-parallel-size {smallest}" if smallest else "pick a smaller model"
+            self.refuse(
+                where,
+                f"{model} does not fit: needs {per_gpu_need} MiB per GPU (weights {weights_mib} MiB / TP {tp} "
+                f"+ {self.opt.vram_overhead_mib} MiB runtime) but --gpu-memory-utilization {_fmt(util)} of "
+                f"{min_mem} MiB allows {int(min_mem * util)} MiB",
+                f"raise --gpu-memory-utilization in d3_models[{pos}].extra_args or {hint}",
+            )
+            return None
+
+        env = {str(k): str(v) for k, v in self.common["env"].items()}
+        env.update({str(k): str(v) for k, v in (item.get("env") or {}).items()})
+        env["HF_HUB_OFFLINE"] = "1"
+        revision = self.opt.revisions.get(model)
+        if revision is not None and not SHA_RE.match(str(revision)):
+            self.refuse(
+                where,
+                f"d3_model_revisions['{model}'] = {revision!r} is not a 40-hex commit SHA",
+                "pin the full commit SHA from the Hub (a branch or tag can move)",
+            )
+        elif revision is None and self.opt.require_revisions:
+            self.refuse(
+                where,
+                f"no pinned revision for {model}",
+                f"set d3_model_revisions['{model}'] to the full commit SHA (vllm-sr v3.1.0 record: "
+                f"{entry['release_revision_short']}...)",
+            )
+        return {
+            "pos": pos,
+            "name": name,
+            "model": model,
+            "hf_repo": entry["hf_repo"],
+            "revision": revision,
+            "tp": tp,
+            "max_model_len": max_len,
+            "util": util,
+            "flags": flags,
+            "eager": eager,
+            "extra": extra,
+            "env": env,
+            "shm_size": entry["shm_size"],
+            "weights_mib": weights_mib,
+            "need_mib": per_gpu_need,
+            "gpus_wanted": item.get("gpus"),
+            "port_wanted": item.get("port"),
+        }
+
+    # -- GPU placement --------------------------------------------------------------------------
+    def fits(self, idx: int, inst: dict[str, Any]) -> bool:
+        return self.util[idx] + inst["util"] <= 1.0 + 1e-9
+
+    def take(self, inst: dict[str, Any], indices: list[int]) -> None:
+        for idx in indices:
+            self.util[idx] += inst["util"]
+            self.use[idx].append(inst)
+        inst["gpus"] = indices
+
+    def place_fixed(self, inst: dict[str, Any]) -> None:
+        where = f"d3_models[{inst['pos']}] ({inst['name']})"
+        wanted = inst["gpus_wanted"]
+        if not isinstance(wanted, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in wanted):
+            self.refuse(where, f"gpus {wanted!r} is not a list of GPU indices", "write `gpus: [0, 1]`")
+            return
+        dupes = sorted({g for g in wanted if wanted.count(g) > 1})
+        if dupes:
+            self.refuse(where, f"GPU {dupes} listed twice in d3_models[{inst['pos']}].gpus", "list each GPU once")
+            return
+        bad = [g for g in wanted if g not in self.util]
+        if bad:
+            self.refuse(
+                where,
+                f"GPU index {bad} out of range: the host has {len(self.gpus)} GPU(s) "
+                f"({', '.join(str(i) for i in self.util) or 'none'})",
+                "use indices from nvidia-smi, or correct d3_gpu_count",
+            )
+            return
+        if len(wanted) != inst["tp"]:
+            self.refuse(
+                where,
+                f"tensor parallel size {inst['tp']} needs {inst['tp']} GPU(s) but d3_models[{inst['pos']}].gpus "
+                f"gives {len(wanted)}",
+                f"list exactly {inst['tp']} GPU(s), or set --tensor-parallel-size={len(wanted)} in extra_args",
+            )
+            return
+        over = [g for g in wanted if not self.fits(g, inst)]
+        if over:
+            self.refuse(where, self._over_budget(over[0], inst), "move an instance to another GPU or lower utilisation")
+            return
+        self.take(inst, list(wanted))
+
+    def _over_budget(self, idx: int, inst: dict[str, Any]) -> str:
+        others = ", ".join(f"{o['name']} ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
+        return (
+            f"VRAM over budget on GPU {idx}: --gpu-memory-utilization {_fmt(inst['util'])} on top of {others} "
+            f"exceeds 1.0 of the GPU's memory"
+        )
+
+    def place_auto(self, inst: dict[str, Any]) -> None:
+        where = f"d3_models[{inst['pos']}] ({inst['name']})"
+        if inst["tp"] > len(self.gpus):
+            self.refuse(
+                where,
+                f"tensor parallel size {inst['tp']} is larger than the {len(self.gpus)} GPU(s) the host has",
+                "place this model on a host with enough GPUs, or correct d3_gpu_count",
+            )
+            return
+        free = [i for i in self.util if self.fits(i, inst)]
+        if len(free) < inst["tp"]:
+            state = "; ".join(f"GPU {i}: {_fmt(u)} used" for i, u in self.util.items())
+            self.refuse(
+                where,
+                f"VRAM over budget: no {inst['tp']} GPU(s) with {_fmt(inst['util'])} of memory left ({state})",
+                "remove an instance from this host, lower --gpu-memory-utilization, or use another host",
+            )
+            return
+        self.take(inst, free[: inst["tp"]])
+
+    # -- ports -------------------------------------------------------------------------------------
+    def assign_ports(self, placed: list[dict[str, Any]]) -> None:
+        taken: dict[int, str] = {}
+        for inst in placed:
+            port = inst["port_wanted"]
+            if port is None:
+                continue
+            where = f"d3_models[{inst['pos']}] ({inst['name']})"
+            if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
+                self.refuse(where, f"port {port!r} is outside 1024-65535", "choose a port in 1024-65535")
+                continue
+            if port in taken:
+                self.refuse(where, f"port {port} collides with instance {taken[port]}", "give each instance its own port")
+                continue
+            taken[port] = inst["name"]
+            inst["port"] = port
+        next_port = int(self.opt.port_base)
+        for inst in placed:
+            if inst["port_wanted"] is not None:
+                continue
+            while next_port in taken:
+                next_port += 1
+            if next_port > 65535:
+                self.refuse(f"d3_models[{inst['pos']}] ({inst['name']})", "no free port left", "lower d3_port_base")
+                continue
+            taken[next_port] = inst["name"]
+            inst["port"] = next_port
+
+    # -- output --------------------------------------------------------------------------------------
+    def emit(self, inst: dict[str, Any]) -> dict[str, Any]:
+        args = ["--model", inst["hf_repo"]]
+        if inst["revision"]:
+            args += ["--revision", inst["revision"]]
+        args += ["--served-model-name", inst["name"], "--host", self.opt.listen_address, "--port", str(inst["port"])]
+        for flag in CATALOG_FLAGS:
+            args += [flag, str(inst["flags"][flag])]
+        if inst["eager"]:
+            args.append("--enforce-eager")
+        for flag, value in inst["extra"]:
+            args += [flag] if value is None else [flag, value]
+        return {
+            "name": inst["name"],
+            "unit": inst["name"],
+            "model": inst["model"],
+            "hf_repo": inst["hf_repo"],
+            "revision": inst["revision"],
+            "served_model_name": inst["name"],
+            "gpus": inst["gpus"],
+            "cdi_devices": [f"nvidia.com/gpu={i}" for i in inst["gpus"]],
+            "port": inst["port"],
+            "tensor_parallel_size": inst["tp"],
+            "gpu_memory_utilization": inst["util"],
+            "max_model_len": inst["max_model_len"],
+            "args": args,
+            "env": dict(sorted(inst["env"].items())),
+            "shm_size": inst["shm_size"],
+            "weights_mib": inst["weights_mib"],
+            "vram_need_mib_per_gpu": inst["need_mib"],
+        }
+
+    def run(self) -> dict[str, Any]:
+        if not self.opt.allow_non_l4:
+            for g in self.gpus:
+                if "L4" not in str(g["name"]).split():
+                    self.refuse(
+                        f"GPU {g['index']}",
+                        f"is a {g['name']}, not an NVIDIA L4; the catalog's flags are tuned for L4",
+                        "set d3_allow_non_l4: true to plan for it anyway",
+                    )
+        if not isinstance(self.models, list):
+            self.refuse("d3_models", f"expected a list, got {type(self.models).__name__}", "write a YAML list")
+            return self.result([])
+        resolved = [r for pos, item in enumerate(self.models) if (r := self.resolve(pos, item))]
+        seen: dict[str, int] = {}
+        for inst in resolved:
+            if inst["name"] in seen:
+                self.refuse(
+                    f"d3_models[{inst['pos']}] ({inst['name']})",
+                    f"instance name {inst['name']!r} is also used by d3_models[{seen[inst['name']]}]",
+                    f"give d3_models[{inst['pos']}] a distinct `name:`",
+                )
+            seen.setdefault(inst["name"], inst["pos"])
+        for inst in resolved:
+            if inst["gpus_wanted"] is not None:
+                self.place_fixed(inst)
+        # Largest first (TP, then memory share) so that small instances do not fragment the GPUs.
+        auto = [i for i in resolved if i["gpus_wanted"] is None]
+        for inst in sorted(auto, key=lambda i: (-i["tp"], -i["util"])):
+            self.place_auto(inst)
+        placed = [i for i in resolved if "gpus" in i]
+        self.assign_ports(placed)
+        return self.result([i for i in placed if "port" in i])
+
+    def result(self, placed: list[dict[str, Any]]) -> dict[str, Any]:
+        gpus = []
+        for g in self.gpus:
+            idx = int(g["index"])
+            mem = int(g["memory_total_mib"])
+            budget = [
+                {"instance": i["name"], "utilization": i["util"], "budget_mib": int(mem * i["util"])}
+                for i in self.use[idx]
+            ]
+            used = sum(b["budget_mib"] for b in budget)
+            gpus.append(
+                {
+                    "index": idx,
+                    "name": g["name"],
+                    "memory_total_mib": mem,
+                    "budget": budget,
+                    "budget_mib": used,
+                    "free_mib": mem - used,
+                }
+            )
+        return {
+            "host": self.host,
+            "instances": [self.emit(i) for i in placed] if not self.errors else [],
+            "gpus": gpus,
+            "errors": list(self.errors),
+        }
+
+
+def d3_plan(
+    models: list[dict[str, Any]] | None,
+    catalog: dict[str, Any],
+    common: dict[str, Any],
+    gpus: list[dict[str, Any]],
+    host: str = "localhost",
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Plan one host. Returns ``{host, instances, gpus, errors}``; instances is empty when errors is not."""
+    return _Planner(host, list(models or []), catalog, common, gpus, Options.from_dict(options)).run()
+
+
+def d3_command_line(instance: dict[str, Any], image: str = "IMAGE") -> str:
+    """The equivalent ``podman run`` command for display in plan output."""
+    parts = ["podman run", f"--name {instance['unit']}"]
+    parts += [f"--device {d}" for d in instance["cdi_devices"]]
+    parts += [f"-e {k}={v}" for k, v in instance["env"].items()]
+    parts += ["--net host", f"--shm-size {instance['shm_size']}", image]
+    return " ".join(parts + instance["args"])
+
+
+class FilterModule:
+    """Ansible filters: d3_plan, d3_host_gpus, d3_command_line."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"d3_plan": d3_plan, "d3_host_gpus": host_gpus, "d3_command_line": d3_command_line}

@@ -1,0 +1,23 @@
+"""Shared pytest fixtures: the repository root, the catalog and the planner module."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "plugins" / "filter"))
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def catalog_vars() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "roles/d3/vars/main.yml").read_text())

@@ -493,8 +493,45 @@ def d3_command_line(instance: dict[str, Any], image: str = "IMAGE") -> str:
     return " ".join(parts + instance["args"])
 
 
+def d3_plan_report(plan: dict[str, Any], image: str = "IMAGE") -> list[str]:
+    """Human-readable plan lines: one block per instance, then the VRAM budget per GPU."""
+    lines: list[str] = []
+    for i in plan["instances"]:
+        lines.append(
+            f"{i['name']}: {i['model']} ({i['hf_repo']}@{i['revision'] or 'UNPINNED'}) on GPU "
+            f"{','.join(str(g) for g in i['gpus'])}, port {i['port']}, unit {i['unit']}.service, "
+            f"needs {i['vram_need_mib_per_gpu']} MiB/GPU"
+        )
+        lines.append("  " + d3_command_line(i, image))
+    for g in plan["gpus"]:
+        users = ", ".join(f"{b['instance']} {b['budget_mib']} MiB" for b in g["budget"]) or "idle"
+        lines.append(
+            f"GPU {g['index']} {g['name']}: {g['budget_mib']}/{g['memory_total_mib']} MiB budgeted ({users}), "
+            f"{g['free_mib']} MiB free"
+        )
+    return lines
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def systemd_quote(word: Any) -> str:
+    """Quote one word for ExecStart=/Exec=/Environment= lines: systemd splits on whitespace, honours double
+    quotes and backslashes, and expands %-specifiers and $VARIABLES, so those are escaped."""
+    text = str(word).replace("%", "%%").replace("$", "$$")
+    if _PLAIN.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 class FilterModule:
-    """Ansible filters: d3_plan, d3_host_gpus, d3_command_line."""
+    """Ansible filters: d3_plan, d3_host_gpus, d3_command_line, d3_systemd_quote."""
 
     def filters(self) -> dict[str, Any]:
-        return {"d3_plan": d3_plan, "d3_host_gpus": host_gpus, "d3_command_line": d3_command_line}
+        return {
+            "d3_plan": d3_plan,
+            "d3_host_gpus": host_gpus,
+            "d3_command_line": d3_command_line,
+            "d3_plan_report": d3_plan_report,
+            "d3_systemd_quote": systemd_quote,
+        }

@@ -1,0 +1,753 @@
+#!/usr/bin/env python3
+"""LAB STAND-IN: a *simulator* of `vllm serve` (docker.io/vllm/vllm-openai:nightly) serving D3 decision models.
+
+This is NOT vLLM. It exists only for the d3-fleet lab (no GPUs, no Hugging Face, no container registries
+reachable). It reproduces the observable behaviour the fleet automation depends on:
+
+* the command line of the vllm-openai entrypoint (argparse; unknown flags -> exit 2 like vLLM),
+* GPU discovery like vLLM: /dev/nvidiaN device nodes + `nvidia-smi` (from the CDI mounts), CUDA_VISIBLE_DEVICES,
+* offline model resolution from the Hugging Face cache ($HF_HOME/hub/models--ORG--NAME/snapshots/<rev>),
+* the memory arithmetic of the field report (weights / TP + overhead + KV cache must fit the budget,
+  CUDA-graph capture OOM on <= 24 GiB GPUs, fp8 KV cache dying on the first request),
+* a cold start during which the port is not bound (connection refused), then /health, /v1/models,
+  /v1/systemone, /v1/decisions and /metrics.
+
+Environment knobs (simulator only): D3_SIM_COLD_START_S (default 5), D3_SIM_MS_PER_QUESTION (default 5),
+D3_SIM_BEHAVIOUR=never-ready (baked into the nightly-broken tag).
+Stdlib only; Python 3.11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, NoReturn
+
+SIM_VERSION = "0.33.1.dev0+d3sim"  # what /version reports; "d3sim" marks the simulator
+GIB = 1024**3
+MIB = 1024**2
+# Fixed per-GPU runtime overhead (CUDA context, NCCL buffers, activation peak of the profiling run), in GiB.
+# Calibrated so that the field report's d3 (27B) FP8 TP=2 at --gpu-memory-utilization 0.95 and
+# --max-model-len 8192 fits an L4 (~20.8 GB in use) while the default 262144 positions do not.
+RUNTIME_OVERHEAD_GIB = 1.5
+# Field report: vLLM's profiling of the Qwen3.5 vision encoder during CUDA graph capture allocates a fixed 18.4 GB.
+VISION_PROBE_GIB = 18.40
+# GPUs with at most this much memory cannot capture CUDA graphs for D3 (L4 = 23034 MiB).
+GRAPH_CAPTURE_LIMIT_GIB = 24.0
+DEFAULT_MAX_POSITIONS = 262144
+KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
+QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes",
+                 "gguf", "modelopt", "fbgemm_fp8", "mxfp4", "experts_int8")
+MAX_QUESTIONS = 64
+MAX_CHOICES = 26
+REQUEST_FIELDS = {"model", "state", "questions", "instructions", "chat_template_kwargs", "cache_salt"}
+QUESTION_FIELDS = {"type", "instructions", "criteria"}
+
+
+class SimExit(Exception):
+    """Startup failure: printed like vLLM's traceback, then the process exits with `code`."""
+
+    def __init__(self, exc_type: str, message: str, where: str = "vllm/v1/engine/core.py", code: int = 1):
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+        self.where = where
+        self.code = code
+
+
+# --------------------------------------------------------------------------------------------- logging
+def log(level: str, where: str, msg: str) -> None:
+    """Print a vLLM-style log line: `INFO 11-29 10:00:00 [api_server.py:1234] message`."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"{level} {stamp} [{where}] {msg}", flush=True)
+
+
+def die(err: SimExit) -> NoReturn:
+    log("ERROR", "core.py:708", "EngineCore failed to start.")
+    print("Traceback (most recent call last):", flush=True)
+    print(f'  File "/usr/local/lib/python3.12/dist-packages/{err.where}", line 1, in <module>', flush=True)
+    print(f"{err.exc_type}: {err.message}", flush=True)
+    print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+          flush=True)
+    sys.exit(err.code)
+
+
+# --------------------------------------------------------------------------------------------- arguments
+def parse_len(text: str) -> int:
+    """vLLM accepts human-readable lengths (8192, 8k, 32K, 1m)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid length: {text!r}")
+    mult = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}[m.group(2)]
+    return int(float(m.group(1)) * mult)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm serve", description="Launch a local OpenAI-compatible API server "
+                                "(d3-fleet LAB SIMULATOR, not vLLM).", allow_abbrev=False)
+    p.add_argument("model_tag", nargs="?", default=None, help="model (positional form, newer images)")
+    p.add_argument("--model", default=None)
+    p.add_argument("--revision", default=None)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--max-model-len", type=parse_len, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None)
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="auto")
+    p.add_argument("--api-key", nargs="+", default=None)
+    p.add_argument("--max-num-batched-tokens", type=parse_len, default=None)
+    p.add_argument("--disable-custom-all-reduce", action="store_true")
+    p.add_argument("--uvicorn-log-level", choices=("debug", "info", "warning", "error", "critical", "trace"),
+                   default="info")
+    p.add_argument("--trust-remote-code", action="store_true")
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # unknown flag -> "vllm serve: error: unrecognized arguments", exit 2
+    if args.model_tag and args.model and args.model_tag != args.model:
+        parser.error(f"model given twice: positional {args.model_tag!r} and --model {args.model!r}")
+    args.model = args.model_tag or args.model or "Qwen/Qwen3-0.6B"  # vLLM's default model
+    if not 0.0 < args.gpu_memory_utilization <= 1.0:
+        parser.error("argument --gpu-memory-utilization: must be in (0, 1]")
+    if args.tensor_parallel_size < 1:
+        parser.error("argument --tensor-parallel-size/-tp: must be >= 1")
+    if args.api_key is None and os.environ.get("VLLM_API_KEY"):
+        args.api_key = [os.environ["VLLM_API_KEY"]]
+    args.served_model_name = args.served_model_name or [args.model]
+    return args
+
+
+# --------------------------------------------------------------------------------------------- GPUs
+@dataclass
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    total_mib: int
+    used_mib: int
+    driver: str
+    compute_cap: str
+
+
+NO_GPU = SimExit("RuntimeError", "No CUDA GPUs are available", "torch/cuda/__init__.py")
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Rows of `--query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap
+    --format=csv,noheader,nounits`."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = [x.strip() for x in line.split(",")]
+        if len(f) < 7:
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        gpus.append(Gpu(int(f[0]), f[1], f[2], int(float(f[3])), int(float(f[4])), f[5], f[6]))
+    return gpus
+
+
+def device_node_indices(dev: Path = Path("/dev")) -> list[int]:
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return []
+    return sorted(int(n[6:]) for n in names if re.fullmatch(r"nvidia\d+", n))
+
+
+def apply_cuda_visible(gpus: list[Gpu], spec: str | None) -> list[Gpu]:
+    """CUDA_VISIBLE_DEVICES: ordinals or UUID (prefixes); like CUDA, an invalid entry ends the list."""
+    if spec is None:
+        return gpus
+    chosen: list[Gpu] = []
+    for item in (s.strip() for s in spec.split(",")):
+        match: Gpu | None = None
+        if item.isdigit():
+            match = gpus[int(item)] if int(item) < len(gpus) else None
+        elif item:
+            hits = [g for g in gpus if g.uuid.startswith(item) or g.uuid.startswith("GPU-" + item)]
+            match = hits[0] if len(hits) == 1 else None
+        if match is None or match in chosen:
+            break
+        chosen.append(match)
+    return chosen
+
+
+def detect_gpus() -> list[Gpu]:
+    nodes = device_node_indices()
+    if not nodes:
+        raise NO_GPU
+    query = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap",
+             "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+        rows = parse_nvidia_smi(out)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        raise NO_GPU from None
+    # Only GPUs whose device node was given to the container are usable (like NVML in a container).
+    usable = [g for g in rows if g.index in nodes]
+    if len(usable) < min(len(nodes), len(rows)):
+        usable = rows[: len(nodes)]
+    usable = apply_cuda_visible(usable, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if not usable:
+        raise NO_GPU
+    return usable
+
+
+# --------------------------------------------------------------------------------------------- model
+@dataclass
+class Model:
+    repo: str
+    snapshot: Path
+    config: dict[str, Any]
+    bf16_bytes: int
+
+
+def hf_hub_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME", "/root/.cache/huggingface")) / "hub"
+
+
+def model_missing(repo: str, revision: str | None) -> SimExit:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    why = ("Cannot find an appropriate cached snapshot folder for the specified revision on the local disk and "
+           "outgoing traffic has been disabled. To enable repo look-ups and downloads online, pass "
+           "'local_files_only=False' or set HF_HUB_OFFLINE=0." if offline else
+           "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+           "cached files (simulator: never online).")
+    return SimExit("huggingface_hub.errors.LocalEntryNotFoundError",
+                   f"Cannot find the requested files in the local cache for {repo!r} "
+                   f"(revision {revision or 'main'!r}, cache {hf_hub_dir()}). {why}",
+                   "huggingface_hub/file_download.py")
+
+
+def resolve_snapshot(repo: str, revision: str | None) -> Path:
+    local = Path(repo)
+    if local.is_absolute() and (local / "config.json").is_file():
+        return local
+    repo_dir = hf_hub_dir() / ("models--" + repo.replace("/", "--"))
+    rev = revision or "main"
+    if re.fullmatch(r"[0-9a-f]{40}", rev):
+        commit = rev
+    else:
+        ref = repo_dir / "refs" / rev
+        if not ref.is_file():
+            raise model_missing(repo, revision)
+        commit = ref.read_text().strip()
+    snap = repo_dir / "snapshots" / commit
+    if not (snap / "config.json").is_file():
+        raise model_missing(repo, revision)
+    return snap
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    with path.open("rb") as fh:
+        (size,) = struct.unpack("<Q", fh.read(8))
+        if size > 100 * MIB:
+            raise ValueError(f"{path}: implausible safetensors header size {size}")
+        header = json.loads(fh.read(size))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: safetensors header is not an object")
+    return header
+
+
+def load_model(repo: str, revision: str | None) -> Model:
+    snap = resolve_snapshot(repo, revision)
+    config = json.loads((snap / "config.json").read_text())
+    total = 0
+    shards = sorted(snap.glob("*.safetensors"))
+    if not shards:
+        raise SimExit("RuntimeError", f"Cannot find any model weights with `{repo}` (no *.safetensors in {snap})",
+                      "vllm/model_executor/model_loader/default_loader.py")
+    for shard in shards:
+        header = safetensors_header(shard)
+        meta = header.get("__metadata__") or {}
+        if "d3_lab_simulated_bytes" in meta:
+            total += int(meta["d3_lab_simulated_bytes"])
+        else:  # no lab metadata: the real tensor bytes
+            total += max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    return Model(repo, snap, config, total)
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    tc = config.get("text_config")
+    return {**config, **tc} if isinstance(tc, dict) else config
+
+
+def kv_bytes_per_token(config: dict[str, Any], kv_dtype: str, tp: int) -> int:
+    """KV bytes per token per GPU. D3 (Qwen3.5 GDN hybrid): only 1 in 4 layers is full attention with KV cache."""
+    c = text_config(config)
+    layers = int(c.get("num_hidden_layers", 32))
+    types = c.get("layer_types")
+    if isinstance(types, list) and types:
+        kv_layers = sum(1 for t in types if t == "full_attention")
+    else:
+        kv_layers = max(1, layers // int(c.get("full_attention_interval", 4)))
+    heads = int(c.get("num_attention_heads", 16))
+    kv_heads = int(c.get("num_key_value_heads", heads))
+    head_dim = int(c.get("head_dim") or int(c.get("hidden_size", 4096)) // heads)
+    elem = 1 if kv_dtype.startswith("fp8") else 2
+    kv_heads_per_gpu = max(1, math.ceil(kv_heads / tp))
+    return 2 * kv_layers * kv_heads_per_gpu * head_dim * elem
+
+
+# --------------------------------------------------------------------------------------------- startup
+@dataclass
+class Plan:
+    max_model_len: int
+    kv_tokens: int
+    weights_gib: float
+    kv_gib: float
+
+
+def gib(x: float) -> str:
+    return f"{x / GIB:.2f} GiB"
+
+
+def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, sleep: Any) -> Plan:
+    """Reproduce vLLM's startup checks in vLLM's order; `sleep(fraction)` spends part of the cold start."""
+    tp = args.tensor_parallel_size
+    c = text_config(model.config)
+    max_pos = int(c.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
+    max_len = args.max_model_len or max_pos
+    if max_len > max_pos and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1":
+        raise SimExit("ValueError", f"User-specified max_model_len ({max_len}) is greater than the derived "
+                      f"max_model_len (max_position_embeddings={max_pos} or model_max_length=None in model's "
+                      "config.json). To allow overriding this maximum, set the env var "
+                      "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.", "vllm/config/model.py")
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < max_len:
+        raise SimExit("ValueError", f"max_num_batched_tokens ({args.max_num_batched_tokens}) is smaller than "
+                      f"max_model_len ({max_len}). This effectively limits the maximum sequence length to "
+                      "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+                      "max_num_batched_tokens or decrease max_model_len.", "vllm/config/scheduler.py")
+    if tp > len(gpus):
+        raise SimExit("RuntimeError", f"Tensor parallel world size ({tp}) is larger than the number of "
+                      f"available GPUs ({len(gpus)}) in this node. Reduce --tensor-parallel-size or make more "
+                      "GPUs visible (CUDA_VISIBLE_DEVICES / --device).", "vllm/v1/executor/multiproc_executor.py")
+    used = gpus[:tp]
+    total = min(g.total_mib for g in used) * MIB
+    budget = args.gpu_memory_utilization * total
+    for i, g in enumerate(used):
+        free = (g.total_mib - g.used_mib) * MIB
+        if free < budget:
+            raise SimExit("ValueError", f"Free memory on device cuda:{i} ({gib(free)}/{gib(total)}) on startup "
+                          f"is less than desired GPU memory utilization ({args.gpu_memory_utilization}, "
+                          f"{gib(budget)}). Decrease GPU memory utilization or reduce GPU memory used by other "
+                          "processes.", "vllm/v1/worker/gpu_worker.py")
+    log("INFO", "gpu_model_runner.py:2602", f"Starting to load model {model.repo}...")
+    weights = model.bf16_bytes / (2 if args.quantization == "fp8" else 1) / tp
+    overhead = RUNTIME_OVERHEAD_GIB * GIB
+    sleep(0.5)
+    if weights > budget - overhead * 0.5:
+        raise SimExit("torch.OutOfMemoryError", f"CUDA out of memory. Tried to allocate {gib(weights * 0.1)}. "
+                      f"GPU 0 has a total capacity of {gib(total)} of which {gib(max(0, budget - weights * 0.9))} "
+                      f"is free. Including non-PyTorch memory, this process has {gib(weights * 0.9)} memory in "
+                      "use (weights of the simulated model do not fit the --gpu-memory-utilization budget).",
+                      "torch/cuda/memory.py")
+    log("INFO", "gpu_model_runner.py:2650", f"Model loading took {gib(weights)} and {RUNTIME_OVERHEAD_GIB:.1f} GiB "
+        f"runtime overhead per GPU (TP={tp}, quantization={args.quantization})")
+    if weights + overhead > budget:
+        raise SimExit("torch.OutOfMemoryError", f"CUDA out of memory. Tried to allocate {gib(overhead)}. GPU 0 "
+                      f"has a total capacity of {gib(total)} of which {gib(max(0, budget - weights))} is free "
+                      f"(weights {gib(weights)} + runtime overhead {gib(overhead)} exceed "
+                      f"{args.gpu_memory_utilization} x {gib(total)}).", "torch/cuda/memory.py")
+    sleep(0.2)
+    kv_avail = budget - weights - overhead
+    per_tok = kv_bytes_per_token(model.config, args.kv_cache_dtype, tp)
+    need = per_tok * max_len
+    log("INFO", "gpu_worker.py:298", f"Available KV cache memory: {gib(kv_avail)}")
+    if need > kv_avail:
+        est = int(kv_avail // per_tok)
+        raise SimExit("ValueError", f"To serve at least one request with the models's max seq len ({max_len}), "
+                      f"({gib(need)} KV cache is needed, which is larger than the available KV cache memory "
+                      f"({gib(kv_avail)}). Based on the available memory, the estimated maximum model length is "
+                      f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+                      "initializing the engine.", "vllm/v1/core/kv_cache_utils.py")
+    kv_tokens = int(kv_avail // per_tok)
+    log("INFO", "kv_cache_utils.py:1087", f"GPU KV cache size: {kv_tokens:,} tokens")
+    log("INFO", "kv_cache_utils.py:1091",
+        f"Maximum concurrency for {max_len:,} tokens per request: {kv_tokens / max_len:.2f}x")
+    if args.enforce_eager:
+        log("INFO", "core.py:210", "CUDA graphs disabled (--enforce-eager); skipping graph capture")
+    else:
+        log("INFO", "gpu_model_runner.py:3420", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
+            "profiling the vision encoder")
+        sleep(0.15)
+        if total <= GRAPH_CAPTURE_LIMIT_GIB * GIB:
+            raise SimExit("torch.OutOfMemoryError", f"CUDA out of memory during CUDA graph capture. Tried to "
+                          f"allocate {VISION_PROBE_GIB:.2f} GiB (fixed vision-encoder profiling allocation). "
+                          f"GPU 0 has a total capacity of {gib(total)} of which "
+                          f"{gib(max(0, total - weights - overhead))} is free. Use --enforce-eager on GPUs with "
+                          f"<= {GRAPH_CAPTURE_LIMIT_GIB:.0f} GiB.", "vllm/v1/worker/gpu_model_runner.py")
+        log("INFO", "gpu_model_runner.py:3480", "Graph capturing finished.")
+    return Plan(max_len, kv_tokens, weights / GIB, kv_avail / GIB)
+
+
+# --------------------------------------------------------------------------------------------- decisions
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+                500: "InternalServerError"}.get(self.status, "Error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+def validate_request(body: Any, served: list[str]) -> tuple[str, dict[str, Any]]:
+    """Validate a /v1/systemone body; return (model name, questions). Raises ApiError."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object")
+    extra = sorted(set(body) - REQUEST_FIELDS)
+    if extra:
+        raise ApiError(400, f"Extra inputs are not permitted: {', '.join(extra)}", extra[0])
+    model = body.get("model", served[0])
+    if model not in served:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+    if not isinstance(body.get("state"), (str, dict, list)):
+        raise ApiError(400, "`state` is required and must be a string or JSON", "state")
+    for key, typ in (("instructions", str), ("cache_salt", str), ("chat_template_kwargs", dict)):
+        if key in body and body[key] is not None and not isinstance(body[key], typ):
+            raise ApiError(400, f"`{key}` has the wrong type", key)
+    qs = body.get("questions")
+    if not isinstance(qs, dict) or not qs:
+        raise ApiError(400, "`questions` must be a non-empty object of id -> question", "questions")
+    if len(qs) > MAX_QUESTIONS:
+        raise ApiError(400, f"At most {MAX_QUESTIONS} questions per request (got {len(qs)})", "questions")
+    for qid, q in qs.items():
+        validate_question(qid, q)
+    return model, qs
+
+
+def validate_question(qid: str, q: Any) -> None:
+    where = f"questions.{qid}"
+    if not qid or not isinstance(q, dict):
+        raise ApiError(400, f"{where}: a question must be an object", where)
+    extra = sorted(set(q) - QUESTION_FIELDS)
+    if extra:
+        raise ApiError(400, f"{where}: extra fields not permitted: {', '.join(extra)}", where)
+    if not isinstance(q.get("instructions"), str) or not q["instructions"].strip():
+        raise ApiError(400, f"{where}.instructions: a non-empty string is required", where)
+    kind, crit = q.get("type"), q.get("criteria")
+    if kind == "choice":
+        if not isinstance(crit, dict) or not 2 <= len(crit) <= MAX_CHOICES:
+            raise ApiError(400, f"{where}.criteria: choice needs 2-{MAX_CHOICES} options", where)
+        if not all(isinstance(k, str) and k and (v is None or isinstance(v, str)) for k, v in crit.items()):
+            raise ApiError(400, f"{where}.criteria: option -> description (string or null)", where)
+    elif kind == "noul":
+        if crit is not None and not (isinstance(crit, dict) and set(crit) == {"true", "false"}
+                                     and all(isinstance(v, str) for v in crit.values())):
+            raise ApiError(400, f'{where}.criteria: noul criteria must be null or {{"true": ..., "false": ...}}',
+                           where)
+    elif kind == "score":
+        if (not isinstance(crit, list) or not 2 <= len(crit) <= 10 or len(set(map(str, crit))) != len(crit)
+                or not all(isinstance(x, str) and x for x in crit)):
+            raise ApiError(400, f"{where}.criteria: score needs an ordered list of 2-10 distinct levels", where)
+    else:
+        raise ApiError(400, f"{where}.type: must be one of choice, noul, score", where)
+
+
+# Tiny concept lexicon: words in one group count as overlapping (so "charged twice" relates to "payments").
+CONCEPTS = [
+    {"bill", "billing", "charge", "charged", "card", "payment", "payments", "pay", "paid", "refund", "refunds",
+     "invoice", "price", "money", "twice", "double", "fee", "subscription"},
+    {"ship", "shipping", "delivery", "deliveries", "deliver", "package", "parcel", "order", "arrive", "courier",
+     "tracking", "late"},
+    {"security", "account", "access", "password", "login", "hacked", "fraud", "locked", "2fa"},
+    {"urgent", "asap", "immediately", "now", "hour", "today", "quickly", "emergency"},
+    {"angry", "furious", "upset", "annoyed", "unacceptable", "terrible", "worst", "twice"},
+    {"yes", "true", "positive", "good", "correct"},
+]
+
+
+def words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 2}
+
+
+def concepts(ws: set[str]) -> set[int]:
+    return {i for i, group in enumerate(CONCEPTS) if ws & group}
+
+
+def state_text(state: Any) -> str:
+    return state if isinstance(state, str) else json.dumps(state, sort_keys=True, ensure_ascii=False)
+
+
+def noise(*parts: str) -> float:
+    """Deterministic pseudo-random number in [-1, 1) from a hash of the parts."""
+    digest = hashlib.sha256("\x1f".join(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**63 - 1.0
+
+
+def relevance(state_words: set[str], text: str) -> float:
+    """Exact word overlap + 1.5 per state word that shares a concept group with the text."""
+    ws = words(text)
+    shared = concepts(state_words) & concepts(ws)
+    return 1.0 * len(state_words & ws) + 1.5 * sum(len(state_words & CONCEPTS[i]) for i in shared)
+
+
+def softmax(logits: list[float]) -> list[float]:
+    m = max(logits)
+    ex = [math.exp(x - m) for x in logits]
+    s = sum(ex)
+    return [x / s for x in ex]
+
+
+def answer(state: Any, qid: str, q: dict[str, Any], instructions: str = "") -> dict[str, Any]:
+    """Deterministic simulated answer: hash noise (amplitude 0.5) + keyword/concept overlap with the state."""
+    st = state_text(state)
+    sw = words(st) | (words(instructions) if instructions else set())
+    ctx = (st, qid, q["instructions"])
+    kind, crit = q["type"], q.get("criteria")
+    if kind == "choice":
+        opts = list(crit)
+        logits = [0.5 * noise(*ctx, o) + relevance(sw, f"{o} {crit[o] or ''}") for o in opts]
+        probs = dict(zip(opts, softmax(logits), strict=True))
+        best = max(opts, key=lambda o: probs[o])
+        return {"type": "choice", "choice": best, "probabilities": probs, "confidence": probs[best]}
+    if kind == "noul":
+        yes_text = f"yes {q['instructions']} {(crit or {}).get('true', '')}"
+        no_text = f"no {(crit or {}).get('false', '')}"
+        p_true = softmax([0.5 * noise(*ctx, "true") + 0.5 * relevance(sw, yes_text),
+                          0.5 * noise(*ctx, "false") + 0.5 * relevance(sw, no_text)])[0]
+        return {"type": "noul", "noul": p_true, "probabilities": {"true": p_true, "false": 1.0 - p_true},
+                "confidence": max(p_true, 1.0 - p_true)}
+    levels = [str(x) for x in crit]
+    n = len(levels)
+    # intensity in [0, 1]: overlap pushes up the scale, the hash wiggles it
+    intensity = min(1.0, max(0.0, 0.5 + 0.25 * noise(*ctx) + 0.1 * relevance(sw, q["instructions"])))
+    logits = [-((i / (n - 1) - intensity) ** 2) * 8.0 + 0.2 * noise(*ctx, lv) for i, lv in enumerate(levels)]
+    probs = dict(zip(levels, softmax(logits), strict=True))
+    legend = {lv: i / (n - 1) for i, lv in enumerate(levels)}
+    score = sum(probs[lv] * legend[lv] for lv in levels)
+    return {"type": "score", "score": score, "probabilities": probs, "confidence": max(probs.values()),
+            "legend": legend}
+
+
+def decide(body: dict[str, Any], model: str, questions: dict[str, Any]) -> dict[str, Any]:
+    instr = body.get("instructions") or ""
+    answers = {qid: answer(body["state"], qid, q, instr) for qid, q in questions.items()}
+    prompt_tokens = len(re.findall(r"\S+", state_text(body["state"]) + json.dumps(questions))) * 4 // 3
+    return {
+        "id": "sd-" + uuid.uuid4().hex,
+        "object": "structured_decision",
+        "created": int(time.time()),
+        "model": model,
+        "answers": answers,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
+        "diagnostics": {"strategy": "D3Strategy", "label_mass": None, "simulated": True,
+                        "num_questions": len(questions)},
+    }
+
+
+# --------------------------------------------------------------------------------------------- server
+@dataclass
+class State:
+    args: argparse.Namespace
+    plan: Plan
+    engine_dead: bool = False
+    fp8_failed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    counters: dict[str, int] = field(default_factory=dict)
+    ms_per_question: float = 5.0
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.counters[key] = self.counters.get(key, 0) + n
+
+
+def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "uvicorn"
+        sys_version = ""
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *a: Any) -> None:
+            if st.args.uvicorn_log_level in ("debug", "info", "trace"):
+                log("INFO", "uvicorn", f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} '
+                    f'{self.path} {self.request_version}" {a[1] if len(a) > 1 else ""}')
+
+        def send(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+
+        def send_json(self, status: int, obj: Any) -> None:
+            self.send(status, json.dumps(obj).encode())
+
+        def authorized(self) -> bool:
+            if not st.args.api_key or not self.path.startswith("/v1"):
+                return True
+            auth = self.headers.get("Authorization", "")
+            return any(auth == f"Bearer {k}" for k in st.args.api_key)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path in ("/health", "/ping"):
+                self.send(503 if st.engine_dead else 200, b"", "text/plain")
+            elif path == "/version":
+                self.send_json(200, {"version": SIM_VERSION})
+            elif path == "/metrics":
+                self.send(200, self.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif not self.authorized():
+                self.send_json(401, {"error": "Unauthorized"})
+            elif path == "/v1/models":
+                now = int(time.time())
+                self.send_json(200, {"object": "list", "data": [
+                    {"id": n, "object": "model", "created": now, "owned_by": "vllm", "root": st.args.model,
+                     "parent": None, "max_model_len": st.plan.max_model_len} for n in st.args.served_model_name]})
+            else:
+                self.send_json(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path not in ("/v1/systemone", "/v1/decisions"):
+                self.send_json(404, {"detail": "Not Found"})
+                return
+            if not self.authorized():
+                self.send_json(401, {"error": "Unauthorized"})
+                return
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            st.count("requests")
+            try:
+                if st.engine_dead:
+                    raise ApiError(500, "EngineCore encountered an issue. See stack trace for the root cause.")
+                try:
+                    body = json.loads(raw or b"null")
+                except json.JSONDecodeError as exc:
+                    raise ApiError(400, f"Invalid JSON body: {exc}") from None
+                model, questions = validate_request(body, st.args.served_model_name)
+                if st.args.kv_cache_dtype.startswith("fp8"):
+                    self.fp8_crash()
+                    return
+                time.sleep(st.ms_per_question * len(questions) / 1000.0)
+                result = decide(body, model, questions)
+            except ApiError as err:
+                st.count(f"status_{err.status}")
+                self.send_json(err.status, err.body())
+                return
+            st.count("status_200")
+            st.count("questions", len(questions))
+            st.count("prompt_tokens", result["usage"]["prompt_tokens"])
+            self.send_json(200, result)
+
+        def fp8_crash(self) -> None:
+            with st.lock:
+                st.engine_dead = True
+            msg = "quantized KV cache is not supported for encoder attention"
+            log("ERROR", "core.py:934", "EngineCore encountered a fatal error.")
+            print("Traceback (most recent call last):\n  File \"/usr/local/lib/python3.12/dist-packages/vllm/v1/"
+                  f"attention/backends/triton_attn.py\", line 1, in forward_encoder_attention\nRuntimeError: {msg}",
+                  flush=True)
+            st.count("status_500")
+            self.send_json(500, ApiError(500, f"RuntimeError: {msg}").body())
+            log("ERROR", "async_llm.py:525", "AsyncLLM output_handler failed. EngineDeadError: EngineCore "
+                "encountered an issue. Shutting down the API server.")
+            threading.Timer(0.3, lambda: os._exit(1)).start()
+
+        def metrics(self) -> str:
+            c = dict(st.counters)
+            name = st.args.served_model_name[0]
+            lines = []
+            for metric, kind, helptext, value in (
+                ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", 0),
+                ("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+                 c.get("status_200", 0)),
+                ("vllm:request_failure_total", "counter", "Count of failed requests (simulator).",
+                 c.get("requests", 0) - c.get("status_200", 0)),
+                ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                 c.get("prompt_tokens", 0)),
+                ("vllm:decision_questions_total", "counter", "Number of decision questions answered (simulator).",
+                 c.get("questions", 0)),
+                ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", 0.0),
+            ):
+                lines += [f"# HELP {metric} {helptext}", f"# TYPE {metric} {kind}",
+                          f'{metric}{{model_name="{name}"}} {value}']
+            return "\n".join(lines) + "\n"
+
+    return Handler
+
+
+# --------------------------------------------------------------------------------------------- main
+def env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # we may be PID 1 in the container
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    cold = max(0.0, env_float("D3_SIM_COLD_START_S", 5.0))
+    log("INFO", "api_server.py:1912", f"vLLM API server version {SIM_VERSION} (d3-fleet LAB SIMULATOR, not vLLM)")
+    shown = {k: v for k, v in vars(args).items() if k not in ("model_tag", "api_key")}
+    log("INFO", "utils.py:328", f"non-default args: {shown}")
+    try:
+        gpus = detect_gpus()
+        for i, g in enumerate(gpus):
+            log("INFO", "platforms/cuda.py:120", f"cuda:{i} = {g.name} {g.uuid} {g.total_mib} MiB "
+                f"(driver {g.driver}, compute capability {g.compute_cap})")
+        model = load_model(args.model, args.revision)
+        log("INFO", "model.py:547", f"Resolved architecture: {(model.config.get('architectures') or ['?'])[0]} "
+            f"from {model.snapshot}")
+        if args.kv_cache_dtype.startswith("fp8"):
+            log("INFO", "cache.py:189", "Using fp8 data type to store kv cache. It reduces the GPU memory "
+                "footprint and boosts the performance.")
+        plan = check_and_plan(args, gpus, model, lambda frac: time.sleep(cold * frac))
+    except SimExit as err:
+        die(err)
+    if os.environ.get("D3_SIM_BEHAVIOUR") == "never-ready":
+        log("INFO", "core.py:95", "Initializing a V1 LLM engine ... (simulator behaviour never-ready: "
+            "the API server will never start)")
+        while True:
+            time.sleep(3600)
+    time.sleep(cold * 0.15)
+    state = State(args=args, plan=plan, ms_per_question=env_float("D3_SIM_MS_PER_QUESTION", 5.0))
+    httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+    httpd.daemon_threads = True
+    log("INFO", "launcher.py:37", f"Available routes are: /health, /metrics, /version, /v1/models, "
+        f"/v1/systemone, /v1/decisions ({len(args.served_model_name)} served name(s))")
+    log("INFO", "api_server.py:2010", f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
+    log("INFO", "uvicorn", "Application startup complete.")
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    finally:
+        httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SystemExit:
+        raise
+    except Exception:  # unexpected simulator bug: show it like a vLLM crash
+        traceback.print_exc()
+        sys.exit(1)

@@ -1,0 +1,494 @@
+"""Tests of the LAB STAND-IN vLLM D3 simulator (lab/simulator/vllm_sim.py, image localhost/d3-vllm-sim:<tag>).
+
+Unit tests import the simulator module directly. The `lab` tests start the real image with podman on this
+machine: container names `d3simtest-*`, host network on a random loopback port, an HF cache in a tmp dir with a
+tiny D3-shaped snapshot, and fake GPUs (`--device /dev/null:/dev/nvidiaN` + a fake `nvidia-smi` script that
+prints L4 lines, bind-mounted at /usr/bin/nvidia-smi). The session fixture runs lab/simulator/build.sh first
+(idempotent, ~1 s when the image is current) so the image always matches the source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_DIR = ROOT / "lab" / "simulator"
+IMAGE = "localhost/d3-vllm-sim"
+L4_MIB = 23034
+D3_REV = "c" * 40
+MINI_REV = "a" * 40
+lab = pytest.mark.lab
+
+SMOKE = {
+    "state": {"ticket": "My card was charged twice for one order."},
+    "questions": {
+        "team": {
+            "type": "choice",
+            "instructions": "Which team should handle this ticket?",
+            "criteria": {"billing": "payments and refunds", "shipping": "deliveries", "security": "account access"},
+        },
+        "urgent": {"type": "noul", "instructions": "Does the customer need a reply within the hour?"},
+        "tone": {"type": "score", "instructions": "How upset is the customer?", "criteria": ["calm", "annoyed", "furious"]},
+    },
+}
+
+
+# ------------------------------------------------------------------------------------------- unit tests
+@pytest.fixture(scope="module")
+def sim() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vllm_sim", SIM_DIR / "vllm_sim.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["vllm_sim"] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke_example_picks_billing_and_probabilities_sum_to_one(sim: ModuleType) -> None:
+    model, qs = sim.validate_request({"model": "d3", **SMOKE}, ["d3"])
+    out = sim.decide({"model": "d3", **SMOKE}, model, qs)
+    assert out["object"] == "structured_decision"
+    assert out["answers"]["team"]["choice"] == "billing"
+    for ans in out["answers"].values():
+        assert abs(sum(ans["probabilities"].values()) - 1.0) < 1e-6
+        assert 0.0 <= ans["confidence"] <= 1.0
+    assert 0.0 <= out["answers"]["urgent"]["noul"] <= 1.0
+    assert list(out["answers"]["tone"]["legend"]) == ["calm", "annoyed", "furious"]
+    again = sim.decide({"model": "d3", **SMOKE}, model, qs)
+    assert again["answers"] == out["answers"]  # deterministic
+
+
+def test_shipping_ticket_picks_shipping(sim: ModuleType) -> None:
+    body = {**SMOKE, "state": "My package never arrived, the courier tracking shows no delivery."}
+    _, qs = sim.validate_request(body, ["d3"])
+    assert sim.decide(body, "d3", qs)["answers"]["team"]["choice"] == "shipping"
+
+
+@pytest.mark.parametrize(
+    ("patch", "status"),
+    [
+        ({"stream": True}, 400),
+        ({"model": "nope"}, 404),
+        ({"questions": {}}, 400),
+        ({"questions": {f"q{i}": {"type": "noul", "instructions": "x?"} for i in range(65)}}, 400),
+        ({"questions": {"q": {"type": "choice", "instructions": "x?", "criteria": {"only": None}}}}, 400),
+        ({"questions": {"q": {"type": "choice", "instructions": "x?",
+                              "criteria": {chr(65 + i): None for i in range(27)}}}}, 400),
+        ({"questions": {"q": {"type": "noul", "instructions": "x?", "criteria": {"yes": "a", "no": "b"}}}}, 400),
+        ({"questions": {"q": {"type": "score", "instructions": "x?", "criteria": ["only"]}}}, 400),
+        ({"questions": {"q": {"type": "score", "instructions": "x?", "criteria": [str(i) for i in range(11)]}}}, 400),
+        ({"questions": {"q": {"type": "rank", "instructions": "x?"}}}, 400),
+        ({"questions": {"q": {"type": "noul", "instructions": "x?", "temperature": 0}}}, 400),
+        ({"state": None}, 400),
+    ],
+)
+def test_validation_rejects(sim: ModuleType, patch: dict[str, Any], status: int) -> None:
+    with pytest.raises(sim.ApiError) as err:
+        sim.validate_request({"model": "d3", **SMOKE, **patch}, ["d3"])
+    assert err.value.status == status
+    assert err.value.body()["error"]["code"] == status
+
+
+def test_validation_accepts_limits(sim: ModuleType) -> None:
+    qs = {f"q{i}": {"type": "noul", "instructions": "ok?", "criteria": {"true": "y", "false": "n"}} for i in range(64)}
+    qs["c"] = {"type": "choice", "instructions": "x?", "criteria": {chr(65 + i): None for i in range(26)}}
+    qs.pop("q0")
+    body = {"state": "s", "questions": qs, "instructions": "be brief", "cache_salt": "x", "chat_template_kwargs": {}}
+    assert sim.validate_request(body, ["d3"])[0] == "d3"
+
+
+def test_kv_bytes_per_token_counts_one_in_four_layers(sim: ModuleType) -> None:
+    cfg = {"num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256}
+    assert sim.kv_bytes_per_token(cfg, "auto", 1) == 2 * 16 * 4 * 256 * 2
+    assert sim.kv_bytes_per_token(cfg, "fp8", 2) == 2 * 16 * 2 * 256 * 1
+    typed = {**cfg, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    assert sim.kv_bytes_per_token({"text_config": typed}, "auto", 1) == 2 * 1 * 4 * 256 * 2
+
+
+def test_cuda_visible_devices_subset_and_order(sim: ModuleType) -> None:
+    gpus = [sim.Gpu(i, "NVIDIA L4", f"GPU-{i}000", L4_MIB, 0, "580", "8.9") for i in range(4)]
+    assert [g.index for g in sim.apply_cuda_visible(gpus, "3,1")] == [3, 1]
+    assert [g.index for g in sim.apply_cuda_visible(gpus, "GPU-2000")] == [2]
+    assert [g.index for g in sim.apply_cuda_visible(gpus, "0,7,1")] == [0]  # invalid entry ends the list
+    assert sim.apply_cuda_visible(gpus, None) == gpus
+
+
+# ------------------------------------------------------------------------------------------- lab helpers
+@dataclass
+class Run:
+    rc: int
+    out: str
+
+
+def podman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http(method: str, url: str, body: Any = None, key: str | None = None) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def health(port: int) -> int | None:
+    """HTTP status of /health, None when the connection is refused."""
+    try:
+        return http("GET", f"http://127.0.0.1:{port}/health")[0]
+    except (ConnectionError, urllib.error.URLError):
+        return None
+
+
+def safetensors(path: Path, simulated_bytes: int) -> None:
+    header = {"__metadata__": {"format": "pt", "d3_lab_simulated_bytes": str(simulated_bytes)},
+              "score.weight": {"dtype": "BF16", "shape": [2, 4], "data_offsets": [0, 16]}}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 16)
+
+
+def add_model(hub: Path, repo: str, rev: str, bf16_bytes: int, layers: int, ref: bool) -> None:
+    """HF cache layout: blobs/<sha256>, snapshots/<rev>/<file> -> ../../blobs/<sha256>, refs/main."""
+    base = hub / ("models--" + repo.replace("/", "--"))
+    snap, blobs = base / "snapshots" / rev, base / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    config = {"architectures": ["D3ForSequenceClassification"], "model_type": "qwen3_5",
+              "text_config": {"num_hidden_layers": layers, "num_attention_heads": 24, "num_key_value_heads": 4,
+                              "head_dim": 256, "hidden_size": 5120, "full_attention_interval": 4,
+                              "max_position_embeddings": 262144}}
+    tmp = base / "tmp.safetensors"
+    safetensors(tmp, bf16_bytes)
+    for name, content in (("config.json", json.dumps(config).encode()), ("model.safetensors", tmp.read_bytes())):
+        digest = hashlib.sha256(content).hexdigest()
+        (blobs / digest).write_bytes(content)
+        (snap / name).symlink_to(f"../../blobs/{digest}")
+    tmp.unlink()
+    if ref:
+        (base / "refs").mkdir()
+        (base / "refs" / "main").write_text(rev)
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed")
+    build = subprocess.run([str(SIM_DIR / "build.sh")], capture_output=True, text=True, timeout=900, check=False)
+    if build.returncode != 0:
+        pytest.skip(f"cannot build the simulator image (needs root + debootstrap): {build.stderr[-500:]}")
+    return IMAGE
+
+
+@pytest.fixture(scope="session")
+def lab_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """HF cache with d3 (27B-sized, pinned by SHA, no refs/main) and d3-mini (4B, refs/main); fake nvidia-smi."""
+    d = tmp_path_factory.mktemp("d3sim")
+    add_model(d / "hf" / "hub", "vllm-sr/d3", D3_REV, 52_200_000_000, 64, ref=False)
+    add_model(d / "hf" / "hub", "vllm-sr/d3-mini", MINI_REV, 9_300_000_000, 32, ref=True)
+    lines = "\n".join(f"{i}, NVIDIA L4, GPU-{i:08x}-1111-2222-3333-444444444444, {L4_MIB}, 0, 580.95.05, 8.9"
+                      for i in range(4))
+    smi = d / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n# fake nvidia-smi (test only): 4 x L4\ncat <<'EOF'\n{lines}\nEOF\n")
+    smi.chmod(0o755)
+    return d
+
+
+class Sim:
+    """Starts the simulator image with podman; removes its containers afterwards."""
+
+    def __init__(self, image: str, env_dir: Path) -> None:
+        self.image, self.env_dir, self.names = image, env_dir, []  # type: ignore[var-annotated]
+
+    def cmd(self, args: list[str], gpus: int = 1, tag: str = "nightly", env: dict[str, str] | None = None,
+            smi: bool = True, detach: bool = False) -> tuple[str, list[str]]:
+        name = f"d3simtest-{uuid.uuid4().hex[:10]}"
+        self.names.append(name)
+        c = ["run", "--name", name, "--network", "host",
+             "-v", f"{self.env_dir / 'hf'}:/root/.cache/huggingface:ro",
+             "-e", "HF_HUB_OFFLINE=1", "-e", "D3_SIM_COLD_START_S=1", "-e", "D3_SIM_MS_PER_QUESTION=5"]
+        c += ["-d"] if detach else []
+        if smi:
+            c += ["-v", f"{self.env_dir / 'nvidia-smi'}:/usr/bin/nvidia-smi:ro"]
+        for i in range(gpus):
+            c += ["--device", f"/dev/null:/dev/nvidia{i}"]
+        for k, v in (env or {}).items():
+            c += ["-e", f"{k}={v}"]
+        return name, [*c, f"{self.image}:{tag}", *args]
+
+    def run(self, args: list[str], **kw: Any) -> Run:
+        """Run in the foreground until the simulator exits."""
+        _, c = self.cmd(args, **kw)
+        p = podman(*c, timeout=120)
+        return Run(p.returncode, p.stdout + p.stderr)
+
+    def start(self, args: list[str], port: int, **kw: Any) -> str:
+        name, c = self.cmd([*args, "--host", "127.0.0.1", "--port", str(port)], detach=True, **kw)
+        p = podman(*c)
+        assert p.returncode == 0, p.stderr
+        return name
+
+    def wait_healthy(self, name: str, port: int, timeout: float = 30) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if health(port) == 200:
+                return time.monotonic() - t0
+            time.sleep(0.1)
+        raise AssertionError(f"not healthy after {timeout}s:\n{logs(name)}")
+
+    def cleanup(self) -> None:
+        for n in self.names:
+            podman("rm", "-f", "-t", "0", n)
+
+
+def logs(name: str) -> str:
+    p = podman("logs", name)
+    return p.stdout + p.stderr
+
+
+@pytest.fixture
+def simr(image: str, lab_env: Path) -> Iterator[Sim]:
+    s = Sim(image, lab_env)
+    yield s
+    s.cleanup()
+
+
+MINI = ["--model", "vllm-sr/d3-mini", "--served-model-name", "d3-mini", "--max-model-len", "8192", "--enforce-eager"]
+D3_TP2 = ["--model", "vllm-sr/d3", "--revision", D3_REV, "--tensor-parallel-size", "2", "--quantization", "fp8",
+          "--gpu-memory-utilization", "0.95", "--enforce-eager"]
+
+
+@pytest.fixture
+def server(simr: Sim) -> Iterator[tuple[str, int]]:
+    """d3-mini with an API key, healthy."""
+    port = free_port()
+    name = simr.start([*MINI, "--api-key", "k3y"], port)
+    simr.wait_healthy(name, port)
+    yield name, port
+
+
+# ------------------------------------------------------------------------------------------- failure modes
+@lab
+def test_without_enforce_eager_ooms_at_cuda_graph_capture(simr: Sim) -> None:
+    r = simr.run(["--model", "vllm-sr/d3-mini", "--max-model-len", "8192"])
+    assert r.rc == 1
+    assert "Capturing CUDA graphs" in r.out
+    assert "torch.OutOfMemoryError: CUDA out of memory during CUDA graph capture" in r.out
+    assert "18.40 GiB" in r.out
+
+
+@lab
+def test_unknown_flag_exits_2_with_argparse_usage(simr: Sim) -> None:
+    r = simr.run([*MINI, "--limit-mm-per-prompt-typo", "0"])
+    assert r.rc == 2
+    assert "usage: vllm serve" in r.out
+    assert "error: unrecognized arguments: --limit-mm-per-prompt-typo" in r.out
+
+
+@lab
+def test_tp_larger_than_visible_gpus(simr: Sim) -> None:
+    # 4 device nodes, but CUDA_VISIBLE_DEVICES leaves one
+    r = simr.run([*D3_TP2, "--max-model-len", "8192"], gpus=4, env={"CUDA_VISIBLE_DEVICES": "2"})
+    assert r.rc == 1
+    assert "world size (2) is larger than the number of available GPUs (1)" in r.out
+
+
+@lab
+@pytest.mark.parametrize(("gpus", "smi"), [(0, True), (1, False)], ids=["no-device-nodes", "no-nvidia-smi"])
+def test_no_gpus(simr: Sim, gpus: int, smi: bool) -> None:
+    r = simr.run(MINI, gpus=gpus, smi=smi)
+    assert r.rc == 1
+    assert "RuntimeError: No CUDA GPUs are available" in r.out
+
+
+@lab
+@pytest.mark.parametrize(
+    "args",
+    [["--model", "vllm-sr/d3-nano"], ["--model", "vllm-sr/d3"], ["--model", "vllm-sr/d3-mini", "--revision", "b" * 40]],
+    ids=["repo-not-cached", "no-refs-main-without-revision", "revision-not-cached"],
+)
+def test_model_missing_offline(simr: Sim, args: list[str]) -> None:
+    r = simr.run([*args, "--enforce-eager", "--max-model-len", "8192"])
+    assert r.rc == 1
+    assert "LocalEntryNotFoundError: Cannot find the requested files in the local cache" in r.out
+    assert "HF_HUB_OFFLINE" in r.out
+
+
+@lab
+def test_weights_over_memory_ooms(simr: Sim) -> None:
+    # d3 27B FP8 on ONE L4: ~24.3 GiB of weights > 0.95 x 22.49 GiB
+    r = simr.run(["--model", "vllm-sr/d3", "--revision", D3_REV, "--quantization", "fp8", "--enforce-eager",
+                  "--gpu-memory-utilization", "0.95", "--max-model-len", "8192"])
+    assert r.rc == 1
+    assert "torch.OutOfMemoryError: CUDA out of memory" in r.out
+
+
+@lab
+def test_kv_cache_over_memory_at_default_max_model_len(simr: Sim) -> None:
+    # field-report recipe without --max-model-len: 262144 positions of KV do not fit next to the weights
+    r = simr.run(D3_TP2, gpus=2)
+    assert r.rc == 1
+    assert "ValueError: To serve at least one request with the models's max seq len (262144)" in r.out
+    assert "estimated maximum model length is" in r.out
+
+
+@lab
+def test_max_model_len_above_max_position_embeddings(simr: Sim) -> None:
+    r = simr.run([*MINI[:-3], "--max-model-len", "262145", "--enforce-eager"])
+    assert r.rc == 1
+    assert "User-specified max_model_len (262145) is greater than the derived max_model_len" in r.out
+
+
+@lab
+def test_field_report_recipe_starts_on_gpus_2_3(simr: Sim) -> None:
+    port = free_port()
+    name = simr.start([*D3_TP2, "--max-model-len", "8192", "--served-model-name", "d3"], port, gpus=4,
+                      env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    simr.wait_healthy(name, port)
+    out = logs(name)
+    assert "GPU-00000002" in out and "GPU-00000003" in out and "GPU-00000000" not in out
+
+
+@lab
+def test_fp8_kv_cache_first_request_kills_engine(simr: Sim) -> None:
+    port = free_port()
+    name = simr.start([*MINI, "--kv-cache-dtype", "fp8"], port)
+    simr.wait_healthy(name, port)
+    status, body = http("POST", f"http://127.0.0.1:{port}/v1/systemone", {"model": "d3-mini", **SMOKE})
+    assert status == 500
+    assert "quantized KV cache is not supported for encoder attention" in json.loads(body)["error"]["message"]
+    rc = podman("wait", name, timeout=30).stdout.strip()
+    assert rc == "1"
+    assert health(port) in (None, 503)
+    assert "RuntimeError: quantized KV cache is not supported for encoder attention" in logs(name)
+
+
+@lab
+def test_never_ready_image_never_binds(simr: Sim) -> None:
+    port = free_port()
+    name = simr.start(MINI, port, tag="nightly-broken", env={"D3_SIM_COLD_START_S": "0.5"})
+    time.sleep(4)
+    state = podman("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
+    assert state == "true"
+    assert health(port) is None
+    assert "never-ready" in logs(name)
+
+
+# ------------------------------------------------------------------------------------------- endpoints
+@lab
+def test_health_refused_during_cold_start_then_200(simr: Sim) -> None:
+    port = free_port()
+    name = simr.start(MINI, port, env={"D3_SIM_COLD_START_S": "3"})
+    time.sleep(1.0)
+    assert health(port) is None  # connection refused while "loading"
+    waited = simr.wait_healthy(name, port)
+    assert waited > 0.8  # ~2 s of the 3 s cold start remained
+    status, body = http("GET", f"http://127.0.0.1:{port}/health")
+    assert (status, body) == (200, b"")
+
+
+@lab
+def test_models_and_auth(server: tuple[str, int]) -> None:
+    _, port = server
+    base = f"http://127.0.0.1:{port}"
+    assert http("GET", f"{base}/v1/models") == (401, b'{"error": "Unauthorized"}')
+    assert http("GET", f"{base}/v1/models", key="wrong")[0] == 401
+    assert http("POST", f"{base}/v1/systemone", {"model": "d3-mini", **SMOKE})[0] == 401
+    status, body = http("GET", f"{base}/v1/models", key="k3y")
+    assert status == 200
+    models = json.loads(body)
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == ["d3-mini"]
+    assert models["data"][0]["max_model_len"] == 8192
+    assert http("GET", f"{base}/health")[0] == 200  # open without a key
+    assert http("GET", f"{base}/debug/env", key="k3y")[0] == 404
+
+
+@lab
+@pytest.mark.parametrize("endpoint", ["/v1/systemone", "/v1/decisions"])
+def test_decision_endpoints(server: tuple[str, int], endpoint: str) -> None:
+    _, port = server
+    status, body = http("POST", f"http://127.0.0.1:{port}{endpoint}", {"model": "d3-mini", **SMOKE}, key="k3y")
+    assert status == 200, body
+    out = json.loads(body)
+    assert out["object"] == "structured_decision"
+    assert out["model"] == "d3-mini"
+    ans = out["answers"]
+    assert set(ans) == {"team", "urgent", "tone"}
+    assert ans["team"]["choice"] == "billing"
+    assert 0.0 <= ans["urgent"]["noul"] <= 1.0
+    assert ans["tone"]["score"] is not None and set(ans["tone"]["legend"]) == {"calm", "annoyed", "furious"}
+    for a in ans.values():
+        assert abs(sum(a["probabilities"].values()) - 1.0) < 1e-6
+        assert 0.0 <= a["confidence"] <= 1.0
+    assert out["usage"]["prompt_tokens"] > 0
+    assert "diagnostics" in out
+
+
+@lab
+def test_bad_requests_and_unknown_model(server: tuple[str, int]) -> None:
+    _, port = server
+    url = f"http://127.0.0.1:{port}/v1/systemone"
+    bad_q = {"q": {"type": "score", "instructions": "x?", "criteria": ["one"]}}
+    status, body = http("POST", url, {"model": "d3-mini", "state": "s", "questions": bad_q}, key="k3y")
+    assert status == 400
+    err = json.loads(body)["error"]
+    assert err["code"] == 400 and err["type"] == "BadRequestError" and "questions.q" in err["message"]
+    extra = {"model": "d3-mini", **SMOKE, "questions": {"q": {"type": "noul", "instructions": "x?", "top_k": 1}}}
+    assert http("POST", url, extra, key="k3y")[0] == 400
+    assert http("POST", url, {"model": "gpt-4", **SMOKE}, key="k3y")[0] == 404
+
+
+@lab
+def test_metrics_count_requests_and_questions(server: tuple[str, int]) -> None:
+    _, port = server
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(2):
+        assert http("POST", f"{base}/v1/systemone", {"model": "d3-mini", **SMOKE}, key="k3y")[0] == 200
+    status, body = http("GET", f"{base}/metrics")  # open without a key
+    assert status == 200
+    text = body.decode()
+    assert 'vllm:request_success_total{model_name="d3-mini"} 2' in text
+    assert 'vllm:decision_questions_total{model_name="d3-mini"} 6' in text
+    assert "# TYPE vllm:request_success_total counter" in text
+
+
+@lab
+def test_latency_scales_with_questions(simr: Sim) -> None:
+    port = free_port()
+    name = simr.start(MINI, port, env={"D3_SIM_MS_PER_QUESTION": "50"})
+    simr.wait_healthy(name, port)
+    url = f"http://127.0.0.1:{port}/v1/decisions"
+    many = {f"q{i}": {"type": "noul", "instructions": f"Question {i}?"} for i in range(10)}
+    t0 = time.monotonic()
+    assert http("POST", url, {"state": "s", "questions": many})[0] == 200
+    assert time.monotonic() - t0 >= 0.5

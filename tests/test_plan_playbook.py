@@ -1,0 +1,98 @@
+"""playbooks/plan.yml end to end: it contacts no host when GPUs are declared, prints and writes the plan,
+and exits non-zero with the planner's message on every refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run_plan(
+    tmp_path: Path, hostvars: dict[str, Any], *extra: str, hosts: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    # an address nothing answers on: the play must not need the hosts
+    unreachable = {"ansible_host": "192.0.2.1", "ansible_port": 1}
+    hosts = hosts or {"l4-test": hostvars}
+    inventory = {"all": {"children": {"l4-nodes": {"hosts": {h: {**unreachable, **v} for h, v in hosts.items()}}}}}
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump(inventory))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    env["PATH"] = f"{BIN}:{env['PATH']}"
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "playbooks/plan.yml", "-i", str(inv), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_plan_writes_json_and_renders_units_without_contacting_hosts(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    render = tmp_path / "units"
+    proc = run_plan(
+        tmp_path,
+        {"d3_gpu_count": 3, "d3_models": [{"model": "d3"}, {"model": "d3-mini"}, {"model": "d3-edge"}]},
+        "-e",
+        f"d3_plan_output={out}",
+        "-e",
+        f"d3_units_render_dir={render}",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = " ".join(proc.stdout.split())
+    plan = json.loads(out.read_text())["l4-test"]
+    assert [i["name"] for i in plan["instances"]] == ["d3-27b", "d3-mini", "d3-edge"]
+    assert plan["instances"][0]["gpus"] == [0, 1]
+    assert "d3-27b: d3 (vllm-sr/d3@UNPINNED) on GPU 0,1, port 8000" in text
+    assert "--tensor-parallel-size 2 --max-model-len 8192 --gpu-memory-utilization 0.95" in text
+    assert "GPU 2 NVIDIA L4: 16123/23034 MiB budgeted (d3-mini 10365 MiB, d3-edge 5758 MiB)" in text
+    for unit in ("d3-27b", "d3-mini", "d3-edge"):
+        assert (render / "l4-test" / f"{unit}.container").is_file()
+        assert (render / "l4-test" / f"{unit}.service").is_file()
+
+
+REFUSALS = {
+    "unknown-model": ([{"model": "d3-xl"}], "unknown model 'd3-xl'"),
+    "tp-larger-than-gpus-given": ([{"model": "d3", "gpus": [0]}], "tensor parallel size 2 needs 2 GPU(s)"),
+    "gpu-twice": ([{"model": "d3", "gpus": [0, 0]}], "GPU [0] listed twice"),
+    "gpu-out-of-range": ([{"model": "d3-mini", "gpus": [5]}], "GPU index [5] out of range"),
+    "vram-over-budget": ([{"model": "d3-flash", "gpus": [0]}, {"model": "d3-nano", "gpus": [0]}], "VRAM over budget on GPU 0"),
+    "does-not-fit-l4": ([{"model": "d3", "extra_args": ["--tensor-parallel-size=1"]}], "d3 does not fit"),
+    "port-collision": ([{"model": "d3-edge", "port": 8100}, {"model": "d3-lite", "port": 8100}], "port 8100 collides"),
+    "port-range": ([{"model": "d3-edge", "port": 80}], "port 80 is outside 1024-65535"),
+    "duplicate-names": ([{"model": "d3-edge"}, {"model": "d3-lite", "name": "d3-edge"}], "also used by d3_models[0]"),
+    "fp8-kv-cache": ([{"model": "d3-mini", "extra_args": ["--kv-cache-dtype=fp8"]}], "not supported for encoder attention"),
+    "no-enforce-eager": ([{"model": "d3-mini", "extra_args": ["--no-enforce-eager"]}], "d3_allow_cuda_graphs: true"),
+    "max-model-len": ([{"model": "d3-mini", "extra_args": ["--max-model-len=524288"]}], "outside 1..262144"),
+}
+
+
+def test_plan_refuses_each_bad_input(tmp_path: Path) -> None:
+    """One host per refusal in one run: every host fails with its own message, and the run exits non-zero."""
+    hosts: dict[str, Any] = {f"l4-{case}": {"d3_gpu_count": 2, "d3_models": models} for case, (models, _) in REFUSALS.items()}
+    hosts["l4-non-l4"] = {"d3_gpu_count": 1, "d3_gpu_name": "NVIDIA A10G", "d3_models": [{"model": "d3-mini"}]}
+    hosts["l4-good"] = {"d3_gpu_count": 1, "d3_models": [{"model": "d3-mini"}]}
+    proc = run_plan(tmp_path, {}, hosts=hosts)
+    assert proc.returncode != 0
+    out = " ".join(proc.stdout.split())
+    expected = {f"l4-{case}": message for case, (_, message) in REFUSALS.items()}
+    expected["l4-non-l4"] = "is a NVIDIA A10G, not an NVIDIA L4"
+    for host, message in expected.items():
+        assert f"host {host}: " in out, host
+        assert message in out, (host, message)
+        assert f"{host} : ok=" in out and f"{host} : " in out
+        recap = out.split(f"{host} : ", 1)[1]
+        assert "failed=1" in recap.split("ignored=")[0], (host, recap[:120])
+    good = out.split("l4-good : ", 1)[1].split("ignored=")[0]
+    assert "failed=0" in good

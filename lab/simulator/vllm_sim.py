@@ -12,6 +12,14 @@ reachable). It reproduces the observable behaviour the fleet automation depends 
 * a cold start during which the port is not bound (connection refused), then /health, /v1/models,
   /v1/systemone, /v1/decisions and /metrics.
 
+Memory model (per GPU, GiB; checked in vLLM's order, each failure exits 1 with vLLM's exception text):
+  budget  = --gpu-memory-utilization x memory.total (nvidia-smi); free (total - used) must cover it
+  weights = d3_lab_simulated_bytes (BF16, safetensors __metadata__) / 2 if --quantization fp8, / TP
+  weights + RUNTIME_OVERHEAD_GIB (1.5) must fit the budget      -> torch.OutOfMemoryError
+  KV      = max_model_len x 2 (K,V) x full-attention layers (1 in 4) x ceil(kv_heads / TP) x head_dim
+            x (1 byte for fp8*, else 2) must fit budget - weights - overhead -> ValueError (max seq len)
+  without --enforce-eager on a GPU <= 24 GiB: CUDA graph capture OOM (fixed 18.40 GiB vision-encoder probe).
+
 Environment knobs (simulator only): D3_SIM_COLD_START_S (default 5), D3_SIM_MS_PER_QUESTION (default 5),
 D3_SIM_BEHAVIOUR=never-ready (baked into the nightly-broken tag).
 Stdlib only; Python 3.11.

@@ -492,3 +492,46 @@ def test_latency_scales_with_questions(simr: Sim) -> None:
     t0 = time.monotonic()
     assert http("POST", url, {"state": "s", "questions": many})[0] == 200
     assert time.monotonic() - t0 >= 0.5
+
+
+# ------------------------------------------------------------------------------------------- image and registry
+def inspect(ref: str, fmt: str) -> str:
+    p = podman("image", "inspect", "--format", fmt, ref)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+@lab
+def test_image_tags_labels_and_entrypoint(image: str) -> None:
+    ids = {t: inspect(f"{image}:{t}", "{{.Id}}") for t in ("nightly", "nightly-next", "nightly-broken")}
+    assert len(set(ids.values())) == 3
+    title = '{{ index .Labels "org.opencontainers.image.title" }}'
+    assert inspect(f"{image}:nightly", title) == "d3-fleet vLLM D3 simulator (lab stand-in)"
+    assert inspect(f"{image}:nightly", "{{json .Config.Entrypoint}}") == '["python3","/opt/d3-sim/vllm_sim.py"]'
+    assert "D3_SIM_BEHAVIOUR=never-ready" in inspect(f"{image}:nightly-broken", "{{json .Config.Env}}")
+    assert "D3_SIM_BEHAVIOUR" not in inspect(f"{image}:nightly-next", "{{json .Config.Env}}")
+    src = hashlib.sha256(b"".join((SIM_DIR / f).read_bytes() for f in ("vllm_sim.py", "Containerfile", "build.sh")))
+    assert inspect(f"{image}:nightly", '{{ index .Labels "io.d3-fleet.lab.sim.source-sha256" }}') == src.hexdigest()
+
+
+@lab
+def test_registry_tags_match_local_images(image: str) -> None:
+    """After the lab_simulator role ran: vllm/vllm-openai:<tag> in the lab registry holds the local image."""
+    registry = "127.0.0.1:5000"
+    try:
+        urllib.request.urlopen(f"http://{registry}/v2/", timeout=2).close()
+    except (OSError, urllib.error.URLError):
+        pytest.skip("lab registry not running (make lab-images)")
+    digests = set()
+    for tag in ("nightly", "nightly-next", "nightly-broken"):
+        req = urllib.request.Request(f"http://{registry}/v2/vllm/vllm-openai/manifests/{tag}", headers={
+            "Accept": "application/vnd.oci.image.manifest.v1+json,application/vnd.docker.distribution.manifest.v2+json"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                manifest, digest = json.load(resp), resp.headers["Docker-Content-Digest"]
+        except urllib.error.HTTPError as err:
+            pytest.fail(f"vllm/vllm-openai:{tag} missing in the lab registry ({err.code}); run the lab_simulator role")
+        local = "sha256:" + inspect(f"{image}:{tag}", "{{.Id}}")
+        assert manifest["config"]["digest"] == local, f"{tag}: registry holds another image; re-run lab_simulator"
+        digests.add(digest)
+    assert len(digests) == 3

@@ -11,6 +11,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 
 @pytest.fixture(scope="session")

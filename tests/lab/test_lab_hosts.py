@@ -144,7 +144,8 @@ def test_inventory_is_valid_and_carries_the_fleet_variables(lab_hosts: list[LabH
         assert hv["d3_models"], host
         if index == 1:
             assert [m["model"] for m in hv["d3_models"]] == ["d3", "d3-mini", "d3-edge"]
-        assert hv["d3_hf_endpoint"] == "http://lab-hf:8090"
+        assert hv["d3_weights_hf_endpoint"] == "http://lab-hf:8090"
+        assert hv["d3_image_registry_mirrors"] == [{"prefix": "docker.io", "location": "lab-registry:5000", "insecure": True}]
         assert "lab-apt:8081" in hv["nvidia_toolkit_repo_url"]
     revisions_file = Path("/var/lib/d3-lab/hf-revisions.json")
     if revisions_file.is_file():

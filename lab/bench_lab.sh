@@ -21,6 +21,12 @@ run() {  # LABEL TARGET...
 }
 run lab-down lab-down
 if [ "${COLD:-0}" = 1 ]; then
+  users=$(podman ps -a --format '{{.Names}}' --filter ancestor=localhost/d3-lab-host-trixie:latest \
+          --filter ancestor=localhost/d3-lab-host-bookworm:latest)
+  if [ -n "$users" ]; then
+    echo "COLD=1: the lab host images are used by other containers ($users); not removing them" >&2
+    exit 1
+  fi
   podman rmi --ignore localhost/d3-lab-host-trixie:latest localhost/d3-lab-host-bookworm:latest > /dev/null
   rm -f /var/cache/d3-lab/rootfs-trixie-*.tar /var/cache/d3-lab/rootfs-bookworm-*.tar
   run cold lab

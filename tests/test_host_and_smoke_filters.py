@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from d3_host import apt_candidate, download_bytes, mount_for, upstream_version
+from d3_host import apt_candidate, df_line, download_bytes, upstream_version
 from d3_smoke import decision_problems, smoke_table
 
 QUESTIONS: dict[str, Any] = {
@@ -77,11 +77,11 @@ def test_smoke_table_aligns_columns() -> None:
     assert len({line.index("d3") for line in lines[1:]}) == 1
 
 
-def test_mount_for_picks_the_longest_prefix() -> None:
-    mounts = [{"mount": "/", "size_available": 1}, {"mount": "/var/lib", "size_available": 2}, {"mount": "/var/li", "size_available": 3}]
-    assert mount_for(mounts, "/var/lib/d3/huggingface")["size_available"] == 2
-    assert mount_for(mounts, "/opt")["size_available"] == 1
-    assert mount_for(mounts, "/var/lib")["size_available"] == 2
+def test_df_line() -> None:
+    assert df_line("/var/lib 123456") == {"mount": "/var/lib", "size_available": 123456}
+    assert df_line("/mnt/my disk 7") == {"mount": "/mnt/my disk", "size_available": 7}
+    with pytest.raises(ValueError, match="cannot read free space"):
+        df_line("garbage")
 
 
 def test_apt_candidate_and_upstream_version() -> None:
@@ -93,7 +93,7 @@ def test_apt_candidate_and_upstream_version() -> None:
 
 def test_download_bytes_prefers_hub_sizes(catalog_vars: dict[str, Any]) -> None:
     item = {"item": {"item": {"hf_repo": "vllm-sr/d3"}}}
-    hub = {**item, "json": {"siblings": [{"rfilename": "a", "size": 10}, {"rfilename": "b", "size": 32}]}}
-    assert download_bytes(hub, catalog_vars["d3_catalog"]) == 42
-    assert download_bytes({**item, "json": {"siblings": [{"rfilename": "a"}]}}, catalog_vars["d3_catalog"]) == 52_200_000_000
+    tree = [{"type": "file", "path": "a", "size": 10}, {"type": "directory", "path": "d", "size": 0}, {"type": "file", "path": "d/b", "size": 32}]
+    assert download_bytes({**item, "json": tree}, catalog_vars["d3_catalog"]) == 42
+    assert download_bytes({**item, "json": [{"type": "file", "path": "a"}]}, catalog_vars["d3_catalog"]) == 52_200_000_000
     assert download_bytes({**item, "status": -1}, catalog_vars["d3_catalog"]) == 52_200_000_000

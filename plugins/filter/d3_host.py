@@ -1,4 +1,4 @@
-"""Host-side helpers for preflight: which mount holds a path, and Debian version strings."""
+"""Host-side helpers for preflight: free space, Debian version strings, download sizes."""
 
 from __future__ import annotations
 
@@ -6,17 +6,12 @@ import re
 from typing import Any
 
 
-def mount_for(mounts: list[dict[str, Any]], path: str) -> dict[str, Any]:
-    """The entry of ansible_facts['mounts'] whose mount point is the longest prefix of ``path``."""
-    best: dict[str, Any] | None = None
-    for m in mounts:
-        point = str(m.get("mount", ""))
-        prefix = point.rstrip("/") + "/"
-        if (path == point or path.startswith(prefix) or point == "/") and (best is None or len(point) > len(best["mount"])):
-            best = m
-    if best is None:
-        raise ValueError(f"no mount holds {path}")
-    return best
+def df_line(line: str) -> dict[str, Any]:
+    """'<mount point> <available bytes>' (from ``df -P -B1 | awk``) -> {mount, size_available}."""
+    mount, _, avail = line.rpartition(" ")
+    if not mount or not avail.isdigit():
+        raise ValueError(f"cannot read free space from {line!r}")
+    return {"mount": mount, "size_available": int(avail)}
 
 
 def apt_candidate(policy_output: str) -> str:
@@ -35,10 +30,11 @@ def upstream_version(debian_version: str) -> str:
 
 
 def download_bytes(result: dict[str, Any], catalog: dict[str, Any]) -> int:
-    """Bytes one model still needs, from a Hub ``/api/models/REPO/revision/SHA?blobs=true`` answer (a registered
-    uri loop item); the catalog's ``download_gb`` when the Hub gave no sizes."""
-    siblings = (result.get("json") or {}).get("siblings") or []
-    sizes = [s.get("size") for s in siblings if isinstance(s, dict)]
+    """Bytes one model still needs, from a Hub ``/api/models/REPO/tree/SHA/?recursive=true`` answer (a registered
+    uri loop item: a list of {type, path, size}); the catalog's ``download_gb`` when the Hub gave no sizes."""
+    tree = result.get("json")
+    entries = tree if isinstance(tree, list) else []
+    sizes = [e.get("size") for e in entries if isinstance(e, dict) and e.get("type") == "file"]
     if sizes and all(isinstance(s, int) for s in sizes):
         return sum(sizes)
     repo = result["item"]["item"]["hf_repo"]
@@ -49,11 +45,11 @@ def download_bytes(result: dict[str, Any], catalog: dict[str, Any]) -> int:
 
 
 class FilterModule:
-    """Ansible filters: d3_mount_for, d3_apt_candidate, d3_upstream_version, d3_download_bytes."""
+    """Ansible filters: d3_df_line, d3_apt_candidate, d3_upstream_version, d3_download_bytes."""
 
     def filters(self) -> dict[str, Any]:
         return {
-            "d3_mount_for": mount_for,
+            "d3_df_line": df_line,
             "d3_apt_candidate": apt_candidate,
             "d3_upstream_version": upstream_version,
             "d3_download_bytes": download_bytes,

@@ -93,7 +93,11 @@ def test_apt_candidate_and_upstream_version() -> None:
 
 def test_download_bytes_prefers_hub_sizes(catalog_vars: dict[str, Any]) -> None:
     item = {"item": {"item": {"hf_repo": "vllm-sr/d3"}}}
-    tree = [{"type": "file", "path": "a", "size": 10}, {"type": "directory", "path": "d", "size": 0}, {"type": "file", "path": "d/b", "size": 32}]
+    tree = [
+        {"type": "file", "path": "a", "size": 10},
+        {"type": "directory", "path": "d", "size": 0},
+        {"type": "file", "path": "d/b", "size": 32},
+    ]
     assert download_bytes({**item, "json": tree}, catalog_vars["d3_catalog"]) == 42
     assert download_bytes({**item, "json": [{"type": "file", "path": "a"}]}, catalog_vars["d3_catalog"]) == 52_200_000_000
     assert download_bytes({**item, "status": -1}, catalog_vars["d3_catalog"]) == 52_200_000_000

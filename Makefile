@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint pytest test plan lab lab-images lab-down demo molecule clean
+.PHONY: help venv lint unit lab-tests test plan lab lab-images lab-down demo molecule clean
 
 help:
 	@echo "make demo      bring up the lab and run site.yml against it"
@@ -27,8 +27,13 @@ lint: venv
 	ruff check .
 	ansible-lint
 
-pytest: venv
-	pytest
+# Tests that need nothing but the venv (planner, parsers, plan.yml, role specs).
+unit: venv
+	pytest -m "not lab"
+
+# Tests that drive the lab (simulator, stand-ins, unit files, site.yml, rollouts); `make lab` first.
+lab-tests: venv
+	pytest -m lab
 
 INVENTORY ?= inventories/example
 plan: venv
@@ -45,7 +50,13 @@ lab-images: venv
 lab-down: venv
 	ansible-playbook playbooks/lab-down.yml
 
-test: lint pytest
+demo: lab
+	ansible-playbook site.yml -i inventories/lab -l l4-nodes
+
+molecule: lab
+	molecule test --all
+
+test: lint unit lab lab-tests molecule
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -512,6 +512,12 @@ def d3_plan_report(plan: dict[str, Any], image: str = "IMAGE") -> list[str]:
     return lines
 
 
+def state_instances(instances: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The part of each planned instance a deployment record keeps: what runs, where, at which revision."""
+    keys = ("model", "hf_repo", "revision", "port", "gpus", "unit")
+    return {i["name"]: {k: i[k] for k in keys} for i in instances}
+
+
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 
@@ -525,7 +531,7 @@ def systemd_quote(word: Any) -> str:
 
 
 class FilterModule:
-    """Ansible filters: d3_plan, d3_host_gpus, d3_command_line, d3_systemd_quote."""
+    """Ansible filters: d3_plan, d3_host_gpus, d3_command_line, d3_plan_report, d3_state_instances, d3_systemd_quote."""
 
     def filters(self) -> dict[str, Any]:
         return {
@@ -533,5 +539,6 @@ class FilterModule:
             "d3_host_gpus": host_gpus,
             "d3_command_line": d3_command_line,
             "d3_plan_report": d3_plan_report,
+            "d3_state_instances": state_instances,
             "d3_systemd_quote": systemd_quote,
         }

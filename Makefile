@@ -56,7 +56,12 @@ demo: lab
 molecule: lab
 	molecule test --all
 
-test: lint unit lab lab-tests molecule
+# The whole suite. The rollout tests need 3 lab hosts.
+TEST_LAB_HOSTS ?= 3
+test: lint unit
+	$(MAKE) lab LAB_HOSTS=$(TEST_LAB_HOSTS)
+	$(MAKE) lab-tests
+	$(MAKE) molecule
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_INVENTORY = ROOT / "inventories" / "lab"
+# ansible-runner starts ansible-playbook from PATH: use the one next to this Python (the project's .venv)
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 @dataclass

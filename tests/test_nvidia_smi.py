@@ -96,3 +96,10 @@ def test_garbage_raises_clear_value_error(func, text, message) -> None:  # type:
 
 def test_filter_plugin_exports() -> None:
     assert set(FilterModule().filters()) == {"nvidia_smi_query_gpus", "nvidia_smi_list", "nvidia_smi_table"}
+
+
+def test_committed_cdi_copy_equals_shared_fixture() -> None:
+    shared = SHARED.parent / "cdi/h200-driver580-nvidia.yaml"
+    if not shared.is_file():
+        pytest.skip("../shared/fixtures not beside this clone")
+    assert shared.read_bytes() == (COMMITTED.parent / "cdi/h200-driver580-nvidia.yaml").read_bytes()

@@ -27,7 +27,8 @@ from nvidia_smi import nvidia_smi_list, nvidia_smi_query_gpus, nvidia_smi_table
 
 ROOT = Path(__file__).resolve().parents[2]
 NVIDIA = ROOT / "lab" / "nvidia"
-FIXTURE_CDI = ROOT.parent / "shared/fixtures/cdi/h200-driver580-nvidia.yaml"
+# committed copy of ../shared/fixtures/cdi (real nvidia-ctk output); tests/test_nvidia_smi.py checks the copies
+FIXTURE_CDI = ROOT / "tests/fixtures/cdi/h200-driver580-nvidia.yaml"
 DRIVER = "580.95.05"
 QUERY = "index,name,uuid,memory.total,memory.used,driver_version,compute_cap"
 CACHE = Path("/var/cache/d3-lab/nvlabtest")

@@ -61,7 +61,7 @@ TEST_LAB_HOSTS ?= 3
 test: lint unit
 	$(MAKE) lab LAB_HOSTS=$(TEST_LAB_HOSTS)
 	$(MAKE) lab-tests
-	$(MAKE) molecule
+	$(MAKE) molecule LAB_HOSTS=$(TEST_LAB_HOSTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

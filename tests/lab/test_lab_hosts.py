@@ -112,10 +112,14 @@ def test_driver_is_preinstalled_without_leaving_the_lab_repo_configured(
     for host in lab_hosts:
         status = lab_ssh(host, "dpkg-query -W -f '${db:Status-Status}' lab-nvidia-driver", check=False).stdout
         assert status == "installed", host
-        # the production toolkit role adds the (lab) NVIDIA repo itself; nothing may conflict with it
-        leftovers = lab_ssh(host, "grep -rl lab-apt /etc/apt/sources.list /etc/apt/sources.list.d", check=False)
-        assert leftovers.stdout == "", leftovers.stdout
-        assert lab_ssh(host, "command -v nvidia-ctk", check=False).returncode != 0, "toolkit must not be preinstalled"
+        # the lab's temporary driver source is gone; the only apt source that may name the lab is the one the
+        # production toolkit role writes once site.yml has run on the host
+        leftovers = lab_ssh(host, "grep -rl lab-apt /etc/apt/sources.list /etc/apt/sources.list.d", check=False).stdout.split()
+        assert [f for f in leftovers if not f.endswith("/nvidia-container-toolkit.sources")] == [], leftovers
+        assert lab_ssh(host, "test -e /etc/apt/keyrings/d3-lab-preprovision.asc", check=False).returncode != 0
+        # the toolkit is never preinstalled by the lab: if nvidia-ctk is there, the production role put it there
+        if lab_ssh(host, "command -v nvidia-ctk", check=False).returncode == 0:
+            assert "/etc/apt/sources.list.d/nvidia-container-toolkit.sources" in leftovers, "toolkit present without the role's repo"
 
 
 @pytest.mark.parametrize("service", sorted(LAB_SERVICES))

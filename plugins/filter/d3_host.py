@@ -45,12 +45,11 @@ def download_bytes(result: dict[str, Any], catalog: dict[str, Any]) -> int:
 
 
 class FilterModule:
-    """Ansible filters: d3_df_line, d3_apt_candidate, d3_upstream_version, d3_download_bytes."""
+    """Ansible filters: d3_df_line, d3_apt_candidate, d3_download_bytes."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "d3_df_line": df_line,
             "d3_apt_candidate": apt_candidate,
-            "d3_upstream_version": upstream_version,
             "d3_download_bytes": download_bytes,
         }

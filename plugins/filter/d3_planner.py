@@ -531,13 +531,12 @@ def systemd_quote(word: Any) -> str:
 
 
 class FilterModule:
-    """Ansible filters: d3_plan, d3_host_gpus, d3_command_line, d3_plan_report, d3_state_instances, d3_systemd_quote."""
+    """Ansible filters: d3_plan, d3_host_gpus, d3_plan_report, d3_state_instances, d3_systemd_quote."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "d3_plan": d3_plan,
             "d3_host_gpus": host_gpus,
-            "d3_command_line": d3_command_line,
             "d3_plan_report": d3_plan_report,
             "d3_state_instances": state_instances,
             "d3_systemd_quote": systemd_quote,

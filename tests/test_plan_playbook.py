@@ -60,6 +60,8 @@ def test_plan_writes_json_and_renders_units_without_contacting_hosts(tmp_path: P
     for unit in ("d3-27b", "d3-mini", "d3-edge"):
         assert (render / "l4-test" / f"{unit}.container").is_file()
         assert (render / "l4-test" / f"{unit}.service").is_file()
+    # the preview runs the d3_image role's default tag (site.yml resolves it to a digest)
+    assert "Image=docker.io/vllm/vllm-openai:nightly" in (render / "l4-test" / "d3-mini.container").read_text()
 
 
 REFUSALS = {
@@ -83,6 +85,8 @@ def test_plan_refuses_each_bad_input(tmp_path: Path) -> None:
     hosts: dict[str, Any] = {f"l4-{case}": {"d3_gpu_count": 2, "d3_models": models} for case, (models, _) in REFUSALS.items()}
     hosts["l4-non-l4"] = {"d3_gpu_count": 1, "d3_gpu_name": "NVIDIA A10G", "d3_models": [{"model": "d3-mini"}]}
     hosts["l4-good"] = {"d3_gpu_count": 1, "d3_models": [{"model": "d3-mini"}]}
+    # a good plan with an image name that has no registry: refused by the d3_image role's input checks
+    hosts["l4-bad-image"] = {**hosts["l4-good"], "d3_image_name": "vllm/vllm-openai:nightly"}
     proc = run_plan(tmp_path, {}, hosts=hosts)
     assert proc.returncode != 0
     out = " ".join(proc.stdout.split())
@@ -96,3 +100,5 @@ def test_plan_refuses_each_bad_input(tmp_path: Path) -> None:
         assert "failed=1" in recap.split("ignored=")[0], (host, recap[:120])
     good = out.split("l4-good : ", 1)[1].split("ignored=")[0]
     assert "failed=0" in good
+    assert 'l4-bad-image: d3_image_name = "vllm/vllm-openai:nightly" is not a fully qualified image reference' in out
+    assert "failed=1" in out.split("l4-bad-image : ", 1)[1].split("ignored=")[0]

@@ -175,3 +175,33 @@ def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost]) -> Non
     assert ping.returncode == 0, ping.stdout + ping.stderr
     for host in lab_hosts:
         assert re.search(rf"^{host.name} \| SUCCESS => .*pong", ping.stdout, re.M), ping.stdout
+
+
+def podman_json(*args: str) -> Any:
+    return json.loads(subprocess.run(["podman", *args], capture_output=True, text=True, check=True).stdout)
+
+
+def test_make_lab_recreates_a_host_whose_processes_were_killed(lab_hosts: list[LabHost], lab_ssh: SshRunner) -> None:
+    """What a stopped session leaves behind (and broke CI once): podman still lists the host as running, but its
+    processes are gone, so exec fails and it can be neither started nor restarted. The lab playbook must notice,
+    re-create and provision it. Runs last in this file: the host comes back fresh (not converged)."""
+    host = lab_hosts[-1]
+    others = {h.name: podman_json("inspect", h.name)[0]["State"]["StartedAt"] for h in lab_hosts[:-1]}
+    before = podman_json("inspect", host.name)[0]
+    for pid in (before["State"]["ConmonPid"], before["State"]["Pid"]):  # conmon first: nobody records the exit
+        os.kill(pid, 9)
+    assert podman_json("inspect", host.name)[0]["State"]["Status"] == "running"
+    assert subprocess.run(["podman", "exec", host.name, "true"], capture_output=True, check=False).returncode != 0
+
+    env = {**ANSIBLE_ENV, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    lab = subprocess.run(
+        [venv_tool("ansible-playbook"), "playbooks/lab.yml", "-e", f"lab_host_count={len(lab_hosts)}"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=900, check=False,
+    )  # fmt: skip
+    assert lab.returncode == 0, lab.stdout[-3000:] + lab.stderr[-2000:]
+    after = podman_json("inspect", host.name)[0]
+    assert after["Id"] != before["Id"]
+    assert after["State"]["Status"] == "running"
+    assert lab_ssh(host, "sudo -n systemctl is-system-running --wait", check=False).stdout.strip() in ("running", "degraded")
+    # the healthy hosts are kept as they were (not restarted)
+    assert {name: podman_json("inspect", name)[0]["State"]["StartedAt"] for name in others} == others

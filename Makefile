@@ -10,10 +10,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 help:
 	@echo "make demo      bring up the lab and run site.yml against it"
-	@echo "make test      lint + pytest + molecule (the whole suite)"
+	@echo "make test      lint + unit + lab (3 hosts) + lab-tests + molecule (the whole suite)"
 	@echo "make lint      ansible-lint (production), yamllint, ruff"
+	@echo "make unit      pytest without the lab (planner, parsers, plan.yml, role specs)"
 	@echo "make plan INVENTORY=inventories/example   print the placement plan"
-	@echo "make lab / make lab-down   start / remove the simulated L4 lab"
+	@echo "make lab [LAB_HOSTS=N] / make lab-down   start / remove the simulated L4 lab"
+	@echo "make lab-images / lab-tests / molecule   the lab's images / pytest -m lab / molecule test --all"
 
 $(VENV)/.installed: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,9 +42,9 @@ plan: venv
 	ansible-playbook playbooks/plan.yml -i $(INVENTORY)
 
 # The lab: stand-ins for GPUs, NVIDIA's repository, the vLLM image and Hugging Face (see lab/README.md).
-LAB_HOSTS ?= 2
+# LAB_HOSTS=N: N lab hosts (unset: the lab_hosts role default, 2).
 lab: venv
-	ansible-playbook playbooks/lab.yml -e lab_host_count=$(LAB_HOSTS)
+	ansible-playbook playbooks/lab.yml $(if $(LAB_HOSTS),-e lab_hosts_count=$(LAB_HOSTS))
 
 lab-images: venv
 	ansible-playbook playbooks/lab.yml --tags images

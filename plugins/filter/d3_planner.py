@@ -65,7 +65,6 @@ class Options:
     allow_cuda_graphs: bool = False
     require_revisions: bool = False
     vram_overhead_mib: int = 2048
-    hf_cache_dir: str = "/var/lib/d3/huggingface"
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> Options:

@@ -195,7 +195,7 @@ def test_make_lab_recreates_a_host_whose_processes_were_killed(lab_hosts: list[L
 
     env = {**ANSIBLE_ENV, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
     lab = subprocess.run(
-        [venv_tool("ansible-playbook"), "playbooks/lab.yml", "-e", f"lab_host_count={len(lab_hosts)}"],
+        [venv_tool("ansible-playbook"), "playbooks/lab.yml", "-e", f"lab_hosts_count={len(lab_hosts)}"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900, check=False,
     )  # fmt: skip
     assert lab.returncode == 0, lab.stdout[-3000:] + lab.stderr[-2000:]

@@ -95,7 +95,7 @@ def uuid_only_cdi(converged: list[str]) -> Iterator[str]:
     plan's nvidia.com/gpu=<index> devices do not exist. Restored (and the spec regenerated) afterwards."""
     host = converged[0]
     env = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
-    on_host(host, f"mkdir -p /etc/nvidia-container-toolkit && echo NVIDIA_CTK_CDI_DEVICE_NAME_STRATEGY=uuid > {env}"
+    on_host(host, f"mkdir -p /etc/nvidia-container-toolkit && echo NVIDIA_CTK_CDI_GENERATE_DEVICE_NAME_STRATEGIES=uuid > {env}"
                   " && systemctl restart nvidia-cdi-refresh.service")  # fmt: skip
     try:
         yield host

@@ -1,67 +1,12 @@
-"""Unit tests for the preflight (d3_host) and smoke (d3_smoke) filters."""
+"""Unit tests for the preflight (d3_host) filters and the smoke table (the decision check: tests/contracts/)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 from d3_host import apt_candidate, df_line, download_bytes, upstream_version
-from d3_smoke import decision_problems, smoke_table
-
-QUESTIONS: dict[str, Any] = {
-    "team": {"type": "choice", "instructions": "?", "criteria": {"billing": None, "shipping": None}},
-    "urgent": {"type": "noul", "instructions": "?"},
-    "tone": {"type": "score", "instructions": "?", "criteria": ["calm", "annoyed", "furious"]},
-}
-GOOD: dict[str, Any] = {
-    "object": "structured_decision",
-    "answers": {
-        "team": {"type": "choice", "choice": "billing", "probabilities": {"billing": 0.8, "shipping": 0.2}, "confidence": 0.8},
-        "urgent": {"type": "noul", "noul": 0.3, "probabilities": {"true": 0.3, "false": 0.7}, "confidence": 0.7},
-        "tone": {
-            "type": "score",
-            "score": 0.4,
-            "probabilities": {"calm": 0.3, "annoyed": 0.6, "furious": 0.1},
-            "confidence": 0.6,
-            "legend": {"calm": 0.0, "annoyed": 0.5, "furious": 1.0},
-        },
-    },
-}
-
-
-def test_good_decision_has_no_problems() -> None:
-    assert decision_problems(GOOD, QUESTIONS, {"team": "billing"}) == []
-
-
-@pytest.mark.parametrize(
-    ("path", "value", "needle"),
-    [
-        (("object",), "chat.completion", "expected 'structured_decision'"),
-        (("answers", "team", "choice"), "legal", "not one of"),
-        (("answers", "team", "probabilities"), {"billing": 0.7, "shipping": 0.2}, "sum to 0.9000"),
-        (("answers", "urgent", "confidence"), 1.5, "confidence 1.5"),
-        (("answers", "tone", "score"), -0.1, "score -0.1"),
-        (("answers", "tone", "type"), "noul", "expected 'score'"),
-        (("answers", "tone", "probabilities"), {"calm": 1.0}, "do not cover exactly"),
-    ],
-)
-def test_each_shape_problem_is_reported(path: tuple[str, ...], value: Any, needle: str) -> None:
-    bad = copy.deepcopy(GOOD)
-    node = bad
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    problems = decision_problems(bad, QUESTIONS)
-    assert any(needle in p for p in problems), problems
-
-
-def test_missing_answer_and_wrong_choice() -> None:
-    bad = copy.deepcopy(GOOD)
-    del bad["answers"]["urgent"]
-    assert decision_problems(bad, QUESTIONS) == ["urgent: no answer"]
-    assert decision_problems(GOOD, QUESTIONS, {"team": "shipping"}) == ["team: chose 'billing', expected 'shipping'"]
-    assert decision_problems("oops", QUESTIONS)[0].startswith("response is not a JSON object")
+from d3_smoke import smoke_table
 
 
 def test_smoke_table_aligns_columns() -> None:

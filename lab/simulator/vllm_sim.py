@@ -62,6 +62,8 @@ KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes",
                  "gguf", "modelopt", "fbgemm_fp8", "mxfp4", "experts_int8")
 MAX_QUESTIONS = 64
+# The labels' share of the probability over the vocabulary (vLLM multiplies it into `confidence`).
+LABEL_MASS = 0.98
 MAX_CHOICES = 26
 REQUEST_FIELDS = {"model", "state", "questions", "instructions", "chat_template_kwargs", "cache_salt"}
 QUESTION_FIELDS = {"type", "instructions", "criteria"}
@@ -534,24 +536,26 @@ def answer(state: Any, qid: str, q: dict[str, Any], instructions: str = "") -> d
         logits = [0.5 * noise(*ctx, o) + relevance(sw, f"{o} {crit[o] or ''}") for o in opts]
         probs = dict(zip(opts, softmax(logits), strict=True))
         best = max(opts, key=lambda o: probs[o])
-        return {"type": "choice", "choice": best, "probabilities": probs, "confidence": probs[best]}
+        return {"type": "choice", "choice": best, "probabilities": probs, "confidence": probs[best] * LABEL_MASS}
     if kind == "noul":
         yes_text = f"yes {q['instructions']} {(crit or {}).get('true', '')}"
         no_text = f"no {(crit or {}).get('false', '')}"
-        p_true = softmax([0.5 * noise(*ctx, "true") + 0.5 * relevance(sw, yes_text),
-                          0.5 * noise(*ctx, "false") + 0.5 * relevance(sw, no_text)])[0]
-        return {"type": "noul", "noul": p_true, "probabilities": {"true": p_true, "false": 1.0 - p_true},
-                "confidence": max(p_true, 1.0 - p_true)}
+        p_yes = softmax([0.5 * noise(*ctx, "true") + 0.5 * relevance(sw, yes_text),
+                         0.5 * noise(*ctx, "false") + 0.5 * relevance(sw, no_text)])[0]
+        # vLLM NoulQuestion.answer: noul = P(yes), probabilities keyed yes/no (tests/contracts/vllm/)
+        return {"type": "noul", "noul": p_yes, "probabilities": {"yes": p_yes, "no": 1.0 - p_yes},
+                "confidence": max(p_yes, 1.0 - p_yes) * LABEL_MASS}
     levels = [str(x) for x in crit]
     n = len(levels)
     # intensity in [0, 1]: overlap pushes up the scale, the hash wiggles it
     intensity = min(1.0, max(0.0, 0.5 + 0.25 * noise(*ctx) + 0.1 * relevance(sw, q["instructions"])))
     logits = [-((i / (n - 1) - intensity) ** 2) * 8.0 + 0.2 * noise(*ctx, lv) for i, lv in enumerate(levels)]
-    probs = dict(zip(levels, softmax(logits), strict=True))
-    legend = {lv: i / (n - 1) for i, lv in enumerate(levels)}
-    score = sum(probs[lv] * legend[lv] for lv in levels)
-    return {"type": "score", "score": score, "probabilities": probs, "confidence": max(probs.values()),
-            "legend": legend}
+    probs = softmax(logits)
+    # vLLM ScoreQuestion.answer: score = expected 0-based level index; legend and probabilities keyed "0".."n-1"
+    return {"type": "score", "score": sum(i * p for i, p in enumerate(probs)),
+            "legend": {str(i): lv for i, lv in enumerate(levels)},
+            "probabilities": {str(i): p for i, p in enumerate(probs)},
+            "confidence": max(probs) * LABEL_MASS}
 
 
 def decide(body: dict[str, Any], model: str, questions: dict[str, Any]) -> dict[str, Any]:
@@ -564,9 +568,9 @@ def decide(body: dict[str, Any], model: str, questions: dict[str, Any]) -> dict[
         "created": int(time.time()),
         "model": model,
         "answers": answers,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
-        "diagnostics": {"strategy": "D3Strategy", "label_mass": None, "simulated": True,
-                        "num_questions": len(questions)},
+        # vLLM StructuredDecisionResponse: usage {input_tokens, output_tokens}, diagnostics per question
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": len(questions)},
+        "diagnostics": {qid: {"label_mass": LABEL_MASS, "argmax_is_label": True} for qid in questions},
     }
 
 
@@ -662,7 +666,7 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
                 return
             st.count("status_200")
             st.count("questions", len(questions))
-            st.count("prompt_tokens", result["usage"]["prompt_tokens"])
+            st.count("prompt_tokens", result["usage"]["input_tokens"])
             self.send_json(200, result)
 
         def fp8_crash(self) -> None:

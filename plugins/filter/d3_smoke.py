@@ -1,4 +1,9 @@
-"""Smoke-test helpers: check a /v1/systemone answer against its questions, and format the fleet table."""
+"""Smoke-test helpers: check a /v1/systemone answer against its questions, and format the fleet table.
+
+The answer shapes are vLLM's (tests/contracts/vllm/systemone-response.json names the source:
+vllm/entrypoints/generate/structured_decisions/question_types.py). What the System One wire format does not
+require (a noul's `probabilities` and `confidence`) is checked only when present.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +12,73 @@ from typing import Any
 TOLERANCE = 1e-3
 
 
-def _options(question: dict[str, Any]) -> list[str]:
-    kind = question["type"]
-    if kind == "choice":
-        return list(question["criteria"])
-    if kind == "noul":
-        return ["true", "false"]
-    return list(question["criteria"])
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_probabilities(qid: str, probs: Any, keys: list[str], problems: list[str]) -> dict[str, float] | None:
+    """Probabilities keyed exactly by `keys`, each in [0, 1], summing to 1; the dict when they are."""
+    if not isinstance(probs, dict) or sorted(probs) != sorted(keys):
+        problems.append(f"{qid}: probabilities {probs!r:.120} are not keyed exactly by {keys}")
+        return None
+    if not all(_number(v) and 0.0 <= v <= 1.0 for v in probs.values()):
+        problems.append(f"{qid}: probabilities {probs!r:.120} are not all numbers in [0, 1]")
+        return None
+    total = sum(probs.values())
+    if abs(total - 1.0) > TOLERANCE:
+        problems.append(f"{qid}: probabilities sum to {total:.4f}, not 1")
+        return None
+    return probs
+
+
+def _check_choice(qid: str, question: dict[str, Any], answer: dict[str, Any], expected: str | None) -> list[str]:
+    problems: list[str] = []
+    options = [str(o) for o in question["criteria"]]
+    value = answer.get("choice")
+    if value not in options:
+        problems.append(f"{qid}: choice {value!r} is not one of {options}")
+    elif expected is not None and value != expected:
+        problems.append(f"{qid}: chose {value!r}, expected {expected!r}")
+    _check_probabilities(qid, answer.get("probabilities"), options, problems)
+    return problems
+
+
+def _check_noul(qid: str, answer: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    value = answer.get("noul")
+    if not _number(value) or not 0.0 <= value <= 1.0:
+        problems.append(f"{qid}: noul {value!r} is not a probability of yes in [0, 1]")
+        return problems
+    if "probabilities" in answer:
+        probs = _check_probabilities(qid, answer["probabilities"], ["yes", "no"], problems)
+        if probs is not None and abs(probs["yes"] - value) > TOLERANCE:
+            problems.append(f"{qid}: probabilities.yes {probs['yes']} differs from noul {value}")
+    return problems
+
+
+def _check_score(qid: str, question: dict[str, Any], answer: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    levels = [str(level) for level in question["criteria"]]
+    indices = [str(i) for i in range(len(levels))]
+    legend = answer.get("legend")
+    if legend != dict(zip(indices, levels, strict=True)):
+        problems.append(f"{qid}: legend {legend!r:.120} does not map 0..{len(levels) - 1} to the levels {levels}")
+    value = answer.get("score")
+    if not _number(value) or not 0.0 <= value <= len(levels) - 1:
+        problems.append(f"{qid}: score {value!r} is not a level index in [0, {len(levels) - 1}]")
+        return problems
+    probs = _check_probabilities(qid, answer.get("probabilities"), indices, problems)
+    if probs is not None:
+        expected = sum(int(i) * p for i, p in probs.items())
+        if abs(expected - value) > TOLERANCE * len(levels):
+            problems.append(f"{qid}: score {value} is not the expected index {expected:.4f} of its probabilities")
+    return problems
 
 
 def decision_problems(
     response: Any, questions: dict[str, dict[str, Any]], expected_choice: dict[str, str] | None = None
 ) -> list[str]:
-    """Everything wrong with a structured-decision response; [] when its shape is right and every expected
+    """Everything wrong with a structured-decision response; [] when its shape is vLLM's and every expected
     choice was picked."""
     if not isinstance(response, dict):
         return [f"response is not a JSON object: {response!r:.200}"]
@@ -37,22 +96,17 @@ def decision_problems(
         kind = question["type"]
         if answer.get("type") != kind:
             problems.append(f"{qid}: type {answer.get('type')!r}, expected {kind!r}")
-        probs = answer.get("probabilities")
-        options = _options(question)
-        if not isinstance(probs, dict) or sorted(probs) != sorted(options):
-            problems.append(f"{qid}: probabilities {probs!r:.120} do not cover exactly {options}")
-        elif abs(sum(float(v) for v in probs.values()) - 1.0) > TOLERANCE:
-            problems.append(f"{qid}: probabilities sum to {sum(float(v) for v in probs.values()):.4f}, not 1")
-        confidence = answer.get("confidence")
-        if not isinstance(confidence, int | float) or not 0.0 <= confidence <= 1.0:
-            problems.append(f"{qid}: confidence {confidence!r} is not in [0, 1]")
-        value = answer.get(kind)
-        if kind == "choice" and value not in options:
-            problems.append(f"{qid}: choice {value!r} is not one of {options}")
-        elif kind == "choice" and (expected_choice or {}).get(qid, value) != value:
-            problems.append(f"{qid}: chose {value!r}, expected {expected_choice[qid]!r}")
-        if kind in ("noul", "score") and (not isinstance(value, int | float) or not 0.0 <= value <= 1.0):
-            problems.append(f"{qid}: {kind} {value!r} is not in [0, 1]")
+            continue
+        if "confidence" in answer and not (_number(answer["confidence"]) and 0.0 <= answer["confidence"] <= 1.0):
+            problems.append(f"{qid}: confidence {answer['confidence']!r} is not in [0, 1]")
+        if kind == "choice":
+            problems += _check_choice(qid, question, answer, (expected_choice or {}).get(qid))
+        elif kind == "noul":
+            problems += _check_noul(qid, answer)
+        elif kind == "score":
+            problems += _check_score(qid, question, answer)
+        else:
+            problems.append(f"{qid}: question type {kind!r} is not one of choice, noul, score")
     return problems
 
 

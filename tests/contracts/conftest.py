@@ -1,0 +1,1 @@
+"""Contract tests load the fixtures beside them; the filter plugins come from tests/conftest.py."""

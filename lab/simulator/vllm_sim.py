@@ -20,20 +20,35 @@ Memory model (per GPU, GiB; checked in vLLM's order, each failure exits 1 with v
             x (1 byte for fp8*, else 2) must fit budget - weights - overhead -> ValueError (max seq len)
   without --enforce-eager on a GPU <= 24 GiB: CUDA graph capture OOM (fixed 18.40 GiB vision-encoder probe).
 
-Environment knobs (simulator only): D3_SIM_COLD_START_S (default 5), D3_SIM_MS_PER_QUESTION (default 5),
-D3_SIM_BEHAVIOUR=never-ready (baked into the nightly-broken tag).
+Driver (CUDA 13 image): driver >= 580, or >= 535 with VLLM_ENABLE_CUDA_COMPATIBILITY=1 (forward compatibility);
+otherwise CUDA initialisation fails with cudaErrorInsufficientDriver (see check_driver).
+
+GPU memory held (lab stand-in detail): the simulator writes a claim file per process into the lab driver's shared
+claims directory ($LAB_NVIDIA_CLAIMS_DIR, default /run/lab-nvidia/claims, mounted into containers by the lab CDI
+spec) and holds an exclusive flock on it while it lives; the lab nvidia-smi adds up the claims whose lock is still
+held, so a dead process's memory is free again (like a real GPU). See GpuClaim.
+
+Environment knobs (simulator only):
+  D3_SIM_COLD_START_S     cold start in seconds, overriding the per-size default (tests)
+  D3_SIM_COLD_START_SCALE factor on the per-size cold start (default 1.0: 150 s for d3's 52.2 GB of BF16 weights,
+                          the field report's 2.5 min, proportional to the checkpoint size); the lab image sets it
+  D3_SIM_MS_PER_QUESTION  request latency per question (default 5)
+  D3_SIM_BEHAVIOUR=never-ready (baked into the nightly-broken tag).
 Stdlib only; Python 3.11.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
 import os
 import re
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -65,8 +80,24 @@ MAX_QUESTIONS = 64
 # The labels' share of the probability over the vocabulary (vLLM multiplies it into `confidence`).
 LABEL_MASS = 0.98
 MAX_CHOICES = 26
-REQUEST_FIELDS = {"model", "state", "questions", "instructions", "chat_template_kwargs", "cache_salt"}
+# vLLM StructuredDecisionRequest / QuestionSpec (vllm-project/vllm
+# vllm/entrypoints/generate/structured_decisions/protocol.py). Both derive from OpenAIBaseModel
+# (vllm/entrypoints/openai/engine/protocol.py: ConfigDict(extra="allow") + __log_extra_fields__), so an unknown
+# *request* field is accepted, ignored and logged ("The following fields were present in the request but ignored");
+# an unknown *question* field is refused by serving.py ("question {qid!r}: unknown field(s) [...]").
+REQUEST_FIELDS = {"model", "state", "questions", "instructions", "decision_template", "chat_template_kwargs", "seed",
+                  "priority", "request_id"}
 QUESTION_FIELDS = {"type", "instructions", "criteria"}
+# Cold start: the field report's d3 (27B, 52.2 GB BF16 checkpoint, domain-facts 1.1) took 2.5 min to serve on L4s;
+# other sizes scale with their checkpoint bytes.
+D3_COLD_START_S = 150.0
+D3_BF16_BYTES = 52_200_000_000
+# CUDA 13 (vLLM's Dockerfile pins CUDA_VERSION=13.0.x) needs driver R580+; R535+ data-center drivers run it in
+# forward-compatibility mode (VLLM_ENABLE_CUDA_COMPATIBILITY=1, vllm/envs.py). tests/contracts/versions.yml.
+CUDA_RUNTIME = (13, 0)
+MIN_DRIVER = 580
+MIN_COMPAT_DRIVER = 535
+CLAIMS_DIR_DEFAULT = "/run/lab-nvidia/claims"
 
 
 class SimExit(Exception):
@@ -128,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uvicorn-log-level", choices=("debug", "info", "warning", "error", "critical", "trace"),
                    default="info")
     p.add_argument("--trust-remote-code", action="store_true")
+    # needed for a request's own decision_template (protocol.py: "Needs the server to run with
+    # --trust-request-chat-template")
+    p.add_argument("--trust-request-chat-template", action="store_true")
     return p
 
 
@@ -157,13 +191,18 @@ class Gpu:
     used_mib: int
     driver: str
     compute_cap: str
+    free_mib: int = -1  # memory.free (total - reserved - used); -1: not reported, use total - used
+
+    @property
+    def free(self) -> int:
+        return self.free_mib if self.free_mib >= 0 else self.total_mib - self.used_mib
 
 
 NO_GPU = SimExit("RuntimeError", "No CUDA GPUs are available", "torch/cuda/__init__.py")
 
 
 def parse_nvidia_smi(text: str) -> list[Gpu]:
-    """Rows of `--query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap
+    """Rows of `--query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap[,memory.free]
     --format=csv,noheader,nounits`."""
     gpus = []
     for line in text.splitlines():
@@ -172,7 +211,8 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
         f = [x.strip() for x in line.split(",")]
         if len(f) < 7:
             raise ValueError(f"unexpected nvidia-smi line: {line!r}")
-        gpus.append(Gpu(int(f[0]), f[1], f[2], int(float(f[3])), int(float(f[4])), f[5], f[6]))
+        free = int(float(f[7])) if len(f) > 7 and f[7] else -1
+        gpus.append(Gpu(int(f[0]), f[1], f[2], int(float(f[3])), int(float(f[4])), f[5], f[6], free))
     return gpus
 
 
@@ -202,17 +242,29 @@ def apply_cuda_visible(gpus: list[Gpu], spec: str | None) -> list[Gpu]:
     return chosen
 
 
+def query_gpus() -> list[Gpu]:
+    """All GPUs nvidia-smi reports, with their memory now (raises NO_GPU)."""
+    query = ["nvidia-smi",
+             "--query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap,memory.free",
+             "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+        return parse_nvidia_smi(out)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        raise NO_GPU from None
+
+
+def free_mib(gpus: list[Gpu]) -> dict[str, int]:
+    """Free MiB per GPU UUID now (what torch.cuda.mem_get_info() would say)."""
+    now = {g.uuid: g.free for g in query_gpus()}
+    return {g.uuid: now.get(g.uuid, g.free) for g in gpus}
+
+
 def detect_gpus() -> list[Gpu]:
     nodes = device_node_indices()
     if not nodes:
         raise NO_GPU
-    query = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap",
-             "--format=csv,noheader,nounits"]
-    try:
-        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
-        rows = parse_nvidia_smi(out)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        raise NO_GPU from None
+    rows = query_gpus()
     # Only GPUs whose device node was given to the container are usable (like NVML in a container).
     usable = [g for g in rows if g.index in nodes]
     if len(usable) < min(len(nodes), len(rows)):
@@ -221,6 +273,96 @@ def detect_gpus() -> list[Gpu]:
     if not usable:
         raise NO_GPU
     return usable
+
+
+def driver_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3]) or (0,)
+
+
+# CUDA version each driver branch supports natively (NVIDIA CUDA Toolkit release notes, "CUDA Toolkit and Minimum
+# Required Driver Version"; not fetched in this session: UNCONFIRMED per branch, R580 = 13.0 is in versions.yml).
+DRIVER_CUDA = ((580, (13, 0)), (575, (12, 9)), (570, (12, 8)), (560, (12, 6)), (555, (12, 5)), (550, (12, 4)),
+               (545, (12, 3)), (535, (12, 2)), (530, (12, 1)), (525, (12, 0)))
+
+
+def driver_cuda(major: int) -> tuple[int, int]:
+    return next((cuda for branch, cuda in DRIVER_CUDA if major >= branch), (11, 8))
+
+
+def check_driver(gpus: list[Gpu]) -> None:
+    """CUDA 13 runtime on this driver? Like the real image: R580+, or R535+ in forward-compatibility mode.
+
+    Error texts: the CUDA runtime's cudaErrorInsufficientDriver (35) string "CUDA driver version is insufficient
+    for CUDA runtime version" (cuda_runtime_api.h / cudaGetErrorString) and PyTorch's wording for it, raised by
+    torch.cuda's lazy init (c10/cuda/CUDAFunctions.cpp): "The NVIDIA driver on your system is too old (found
+    version 12080). ...". Which of the two a given vLLM nightly prints first is UNCONFIRMED; both are printed.
+    """
+    major = driver_tuple(gpus[0].driver)[0]
+    compat = os.environ.get("VLLM_ENABLE_CUDA_COMPATIBILITY", "0").strip().lower() in ("1", "true", "yes")
+    if major >= MIN_DRIVER:
+        return
+    if compat and major >= MIN_COMPAT_DRIVER:
+        log("INFO", "platforms/cuda.py:96", f"VLLM_ENABLE_CUDA_COMPATIBILITY=1: driver {gpus[0].driver} runs CUDA "
+            f"{CUDA_RUNTIME[0]}.{CUDA_RUNTIME[1]} through the CUDA forward-compatibility libraries (data-center GPU)")
+        return
+    cuda = driver_cuda(major)
+    found = cuda[0] * 1000 + cuda[1] * 10
+    log("WARNING", "torch/cuda/__init__.py:182", "CUDA initialization: CUDA driver version is insufficient for CUDA "
+        "runtime version (cudaErrorInsufficientDriver)")
+    raise SimExit("RuntimeError", f"The NVIDIA driver on your system is too old (found version {found}). Please "
+                  "update your GPU driver by downloading and installing a new version from the URL: "
+                  "http://www.nvidia.com/Download/index.aspx Alternatively, go to: https://pytorch.org to install a "
+                  "PyTorch version that has been compiled with your version of the CUDA driver.",
+                  "torch/cuda/__init__.py")
+
+
+class GpuClaim:
+    """LAB STAND-IN detail: the GPU memory this process holds, published for the lab nvidia-smi.
+
+    One JSON file per process in the claims directory ({"pid", "process_name", "gpus": {uuid: MiB}}), exclusively
+    flock'd for the process's lifetime: when the process dies the kernel drops the lock and the lab nvidia-smi no
+    longer counts the file (flock works across containers on the same bind-mounted host directory). A change is
+    written to a new locked file that is renamed over the old one, so a reader never sees a claim half-written or
+    unlocked. Without the directory (a container not started through the lab CDI spec) nothing is published.
+    """
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.dir = Path(directory or os.environ.get("LAB_NVIDIA_CLAIMS_DIR") or CLAIMS_DIR_DEFAULT)
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        self.fd: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.dir / self.name
+
+    def set(self, per_gpu_mib: dict[str, int]) -> None:
+        if not self.dir.is_dir():
+            return
+        tmp = self.dir / f".{self.name}.{uuid.uuid4().hex[:6]}.tmp"
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"pid": os.getpid(), "process_name": "python3",
+                                 "gpus": {k: int(v) for k, v in per_gpu_mib.items()}}).encode())
+        os.fchmod(fd, 0o644)
+        os.replace(tmp, self.path)
+        old, self.fd = self.fd, fd
+        if old is not None:
+            os.close(old)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            os.close(self.fd)
+            self.fd = None
+
+
+CLAIM = GpuClaim()
+
+
+def gib2(b: float) -> float:
+    """vLLM's `GiB = lambda b: round(b / GiB_bytes, 2)` in Worker.init_device."""
+    return round(b / GIB, 2)
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -357,16 +499,25 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
     used = gpus[:tp]
     total = min(g.total_mib for g in used) * MIB
     budget = args.gpu_memory_utilization * total
+    # vLLM Worker.init_device (vllm/v1/worker/gpu_worker.py): a MemorySnapshot of free device memory, then
+    #   if self.init_snapshot.free_memory < self.requested_memory: raise ValueError(
+    #       f"Free memory on device ({GiB(free)}/{GiB(total)} GiB) on startup is less than desired GPU memory "
+    #       f"utilization ({gpu_memory_utilization}, {GiB(requested)} GiB). Decrease GPU memory utilization or "
+    #       "reduce GPU memory used by other processes.")
+    # (newer builds name the device, "on device cuda:0 (...)", as quoted in field logs).
+    init_free = free_mib(used)
     for i, g in enumerate(used):
-        free = (g.total_mib - g.used_mib) * MIB
+        free = init_free[g.uuid] * MIB
         if free < budget:
-            raise SimExit("ValueError", f"Free memory on device cuda:{i} ({gib(free)}/{gib(total)}) on startup "
-                          f"is less than desired GPU memory utilization ({args.gpu_memory_utilization}, "
-                          f"{gib(budget)}). Decrease GPU memory utilization or reduce GPU memory used by other "
-                          "processes.", "vllm/v1/worker/gpu_worker.py")
+            raise SimExit("ValueError", f"Free memory on device cuda:{i} ({gib2(free)}/{gib2(g.total_mib * MIB)} "
+                          f"GiB) on startup is less than desired GPU memory utilization "
+                          f"({args.gpu_memory_utilization}, {gib2(budget)} GiB). Decrease GPU memory utilization "
+                          "or reduce GPU memory used by other processes.", "vllm/v1/worker/gpu_worker.py")
     log("INFO", "gpu_model_runner.py:2602", f"Starting to load model {model.repo}...")
     weights = model.bf16_bytes / (2 if args.quantization == "fp8" else 1) / tp
     overhead = RUNTIME_OVERHEAD_GIB * GIB
+    # the CUDA context and the weights now live on the GPU(s)
+    CLAIM.set({g.uuid: int(min(weights + overhead, budget) // MIB) for g in used})
     sleep(0.5)
     if weights > budget - overhead * 0.5:
         raise SimExit("torch.OutOfMemoryError", f"CUDA out of memory. Tried to allocate {gib(weights * 0.1)}. "
@@ -381,11 +532,37 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                       f"has a total capacity of {gib(total)} of which {gib(max(0, budget - weights))} is free "
                       f"(weights {gib(weights)} + runtime overhead {gib(overhead)} exceed "
                       f"{args.gpu_memory_utilization} x {gib(total)}).", "torch/cuda/memory.py")
+    # Worker.determine_available_memory: memory_profiling() around a profile run, then
+    #   # NOTE(woosuk): Here we assume that the other processes using the same GPU did not change their memory
+    #   # usage during the profiling.
+    #   assert self.init_snapshot.free_memory > free_gpu_memory, ("Error in memory profiling. Initial free memory
+    #       {GiB} GiB, current free memory {GiB} GiB. This happens when other processes sharing the same container
+    #       release GPU memory while vLLM is profiling during initialization. ...")
+    # and the device's non-torch increase (which includes other processes' allocations in the window) is charged
+    # to this instance: available KV = requested - (weights + peak activation + non-torch increase).
+    mine = int(min(weights + overhead, budget) // MIB)
     sleep(0.2)
-    kv_avail = budget - weights - overhead
+    after_free = free_mib(used)
+    others = 0
+    for g in used:
+        if not init_free[g.uuid] * MIB > after_free[g.uuid] * MIB:
+            raise SimExit("AssertionError", f"Error in memory profiling. Initial free memory "
+                          f"{init_free[g.uuid] * MIB / GIB} GiB, current free memory {after_free[g.uuid] * MIB / GIB} "
+                          "GiB. This happens when other processes sharing the same container release GPU memory "
+                          "while vLLM is profiling during initialization. To fix this, ensure consistent GPU memory "
+                          "allocation or isolate vLLM in its own container.", "vllm/v1/worker/gpu_worker.py")
+        others = max(others, (init_free[g.uuid] - after_free[g.uuid] - mine) * MIB)
+    if others > 0:
+        log("INFO", "gpu_worker.py:290", f"Memory profiling: {gib(others)} more in use on the device than this "
+            "process allocated (another process allocated during profiling; charged to this instance)")
+    kv_avail = budget - weights - overhead - others
     per_tok = kv_bytes_per_token(model.config, args.kv_cache_dtype, tp)
     need = per_tok * max_len
     log("INFO", "gpu_worker.py:298", f"Available KV cache memory: {gib(kv_avail)}")
+    if kv_avail <= 0:
+        # vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory / num_gpu_blocks <= 0
+        raise SimExit("ValueError", "No available memory for the cache blocks. Try increasing "
+                      "`gpu_memory_utilization` when initializing the engine.", "vllm/v1/core/kv_cache_utils.py")
     if need > kv_avail:
         est = int(kv_avail // per_tok)
         raise SimExit("ValueError", f"To serve at least one request with the models's max seq len ({max_len}), "
@@ -394,6 +571,8 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                       f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
                       "initializing the engine.", "vllm/v1/core/kv_cache_utils.py")
     kv_tokens = int(kv_avail // per_tok)
+    # the KV cache takes the rest of the budget: the process now holds --gpu-memory-utilization x total per GPU
+    CLAIM.set({g.uuid: int(budget // MIB) for g in used})
     log("INFO", "kv_cache_utils.py:1087", f"GPU KV cache size: {kv_tokens:,} tokens")
     log("INFO", "kv_cache_utils.py:1091",
         f"Maximum concurrency for {max_len:,} tokens per request: {kv_tokens / max_len:.2f}x")
@@ -427,21 +606,30 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
 
-def validate_request(body: Any, served: list[str]) -> tuple[str, dict[str, Any]]:
+def validate_request(body: Any, served: list[str], trust_template: bool = False) -> tuple[str, dict[str, Any]]:
     """Validate a /v1/systemone body; return (model name, questions). Raises ApiError."""
     if not isinstance(body, dict):
         raise ApiError(400, "Request body must be a JSON object")
-    extra = sorted(set(body) - REQUEST_FIELDS)
-    if extra:
-        raise ApiError(400, f"Extra inputs are not permitted: {', '.join(extra)}", extra[0])
-    model = body.get("model", served[0])
+    extra = set(body) - REQUEST_FIELDS
+    if extra:  # OpenAIBaseModel.__log_extra_fields__: accepted, ignored, logged
+        log("WARNING", "protocol.py:78", f"The following fields were present in the request but ignored: {extra}")
+    model = body.get("model") or served[0]
     if model not in served:
         raise ApiError(404, f"The model `{model}` does not exist.", "model")
     if not isinstance(body.get("state"), (str, dict, list)):
         raise ApiError(400, "`state` is required and must be a string or JSON", "state")
-    for key, typ in (("instructions", str), ("cache_salt", str), ("chat_template_kwargs", dict)):
-        if key in body and body[key] is not None and not isinstance(body[key], typ):
+    for key, typ in (("instructions", str), ("decision_template", str), ("chat_template_kwargs", dict),
+                     ("seed", int), ("request_id", str)):
+        if key in body and body[key] is not None and (not isinstance(body[key], typ) or isinstance(body[key], bool)):
             raise ApiError(400, f"`{key}` has the wrong type", key)
+    prio = body.get("priority", 0)
+    if not isinstance(prio, int) or isinstance(prio, bool) or not -(2**63) <= prio <= 2**63 - 1:
+        raise ApiError(400, "`priority` must be an integer", "priority")
+    if body.get("decision_template") is not None and not trust_template:
+        # UNCONFIRMED wording: protocol.py says only that the field "Needs the server to run with
+        # --trust-request-chat-template"; the exact refusal text was not found.
+        raise ApiError(400, "decision_template in a request needs the server to run with "
+                       "--trust-request-chat-template", "decision_template")
     qs = body.get("questions")
     if not isinstance(qs, dict) or not qs:
         raise ApiError(400, "`questions` must be a non-empty object of id -> question", "questions")
@@ -457,8 +645,8 @@ def validate_question(qid: str, q: Any) -> None:
     if not qid or not isinstance(q, dict):
         raise ApiError(400, f"{where}: a question must be an object", where)
     extra = sorted(set(q) - QUESTION_FIELDS)
-    if extra:
-        raise ApiError(400, f"{where}: extra fields not permitted: {', '.join(extra)}", where)
+    if extra:  # serving.py: "Unknown fields are refused: a field this server ignores could be one that changes..."
+        raise ApiError(400, f"question {qid!r}: unknown field(s) {extra}", where)
     if not isinstance(q.get("instructions"), str) or not q["instructions"].strip():
         raise ApiError(400, f"{where}.instructions: a non-empty string is required", where)
     kind, crit = q.get("type"), q.get("criteria")
@@ -654,7 +842,8 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
                     body = json.loads(raw or b"null")
                 except json.JSONDecodeError as exc:
                     raise ApiError(400, f"Invalid JSON body: {exc}") from None
-                model, questions = validate_request(body, st.args.served_model_name)
+                model, questions = validate_request(body, st.args.served_model_name,
+                                                    st.args.trust_request_chat_template)
                 if st.args.kv_cache_dtype.startswith("fp8"):
                     self.fp8_crash()
                     return
@@ -714,10 +903,19 @@ def env_float(name: str, default: float) -> float:
         return default
 
 
+def cold_start_s(model: Model) -> float:
+    """Seconds from start to serving: D3_SIM_COLD_START_S if set, else the field report's 150 s for d3 (52.2 GB)
+    scaled by this checkpoint's size, times D3_SIM_COLD_START_SCALE (the lab image shortens it)."""
+    if os.environ.get("D3_SIM_COLD_START_S", "").strip():
+        return max(0.0, env_float("D3_SIM_COLD_START_S", 5.0))
+    scale = max(0.0, env_float("D3_SIM_COLD_START_SCALE", 1.0))
+    return D3_COLD_START_S * model.bf16_bytes / D3_BF16_BYTES * scale
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # we may be PID 1 in the container
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    cold = max(0.0, env_float("D3_SIM_COLD_START_S", 5.0))
+    cold = 0.0
     log("INFO", "api_server.py:1912", f"vLLM API server version {SIM_VERSION} (d3-fleet LAB SIMULATOR, not vLLM)")
     shown = {k: v for k, v in vars(args).items() if k not in ("model_tag", "api_key")}
     log("INFO", "utils.py:328", f"non-default args: {shown}")
@@ -726,7 +924,9 @@ def main(argv: list[str] | None = None) -> int:
         for i, g in enumerate(gpus):
             log("INFO", "platforms/cuda.py:120", f"cuda:{i} = {g.name} {g.uuid} {g.total_mib} MiB "
                 f"(driver {g.driver}, compute capability {g.compute_cap})")
+        check_driver(gpus)
         model = load_model(args.model, args.revision)
+        cold = cold_start_s(model)
         log("INFO", "model.py:547", f"Resolved architecture: {(model.config.get('architectures') or ['?'])[0]} "
             f"from {model.snapshot}")
         if args.kv_cache_dtype.startswith("fp8"):
@@ -734,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
                 "footprint and boosts the performance.")
         plan = check_and_plan(args, gpus, model, lambda frac: time.sleep(cold * frac))
     except SimExit as err:
+        CLAIM.release()
         die(err)
     if os.environ.get("D3_SIM_BEHAVIOUR") == "never-ready":
         log("INFO", "core.py:95", "Initializing a V1 LLM engine ... (simulator behaviour never-ready: "
@@ -752,6 +953,7 @@ def main(argv: list[str] | None = None) -> int:
         httpd.serve_forever(poll_interval=0.2)
     finally:
         httpd.server_close()
+        CLAIM.release()
     return 0
 
 

@@ -65,7 +65,9 @@ def gpu_env(root: Path, tmp: Path, config: dict[str, Any]) -> dict[str, str]:
     (tmp / "gpus.json").write_text(json.dumps(config))
     env = dict(os.environ, LAB_NVIDIA_NVML=str(tmp / f"libnvidia-ml.so.{DRIVER}"),
                LAB_NVIDIA_DEV_DIR=str(tmp / "dev"), LAB_NVIDIA_CONFIG=str(tmp / "gpus.json"),
-               LAB_NVIDIA_HOSTNAME="l4-host-1")
+               LAB_NVIDIA_HOSTNAME="l4-host-1", LAB_NVIDIA_CLAIMS_BASE=str(tmp / "lab-nvidia"),
+               LAB_NVIDIA_CLAIMS_DIR=str(tmp / "lab-nvidia" / "claims"),
+               LAB_NVIDIA_DRIVER_STATE=str(tmp / "state" / "driver-version"))
     run(str(root / "usr/lib/lab-nvidia/lab-nvidia-setup"), env=env)
     return env
 
@@ -147,7 +149,9 @@ def test_stand_in_table_layout_matches_real_h200(unpacked: Path, tmp_path: Path)
 
 
 def _shape(spec: dict[str, Any]) -> dict[str, Any]:
-    edits = spec["containerEdits"]
+    edits = dict(spec["containerEdits"])
+    # the lab's GPU memory claims directory is a lab stand-in detail (no real spec has it): not compared
+    edits["mounts"] = [m for m in edits["mounts"] if not m["containerPath"].endswith("/lab-nvidia")]
     return {
         "top": list(spec),
         "device_keys": {tuple(d["containerEdits"]) for d in spec["devices"]},
@@ -182,6 +186,8 @@ def check_spec(spec: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
     assert {(n["path"], n["major"], n.get("minor", 0)) for n in edits["deviceNodes"]} == {
         ("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 238, 0), ("/dev/nvidia-uvm-tools", 238, 1)}
     mounts = {m["containerPath"]: m for m in edits["mounts"]}
+    claims = [mounts.pop(p) for p in list(mounts) if p.endswith("/lab-nvidia")]
+    assert [("ro" in m["options"], m["hostPath"] == m["containerPath"]) for m in claims] == [(False, True)]
     assert set(mounts) == {f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{DRIVER}", "/usr/bin/nvidia-smi"}
     assert all(m["hostPath"] == path and "ro" in m["options"] for path, m in mounts.items())
     assert {h["path"] for h in edits["hooks"]} == {"/usr/bin/nvidia-cdi-hook"}

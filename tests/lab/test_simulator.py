@@ -85,7 +85,9 @@ def test_shipping_ticket_picks_shipping(sim: ModuleType) -> None:
 @pytest.mark.parametrize(
     ("patch", "status"),
     [
-        ({"stream": True}, 400),
+        ({"decision_template": "{{ state }}"}, 400),  # needs --trust-request-chat-template
+        ({"priority": "high"}, 400),
+        ({"seed": 1.5}, 400),
         ({"model": "nope"}, 404),
         ({"questions": {}}, 400),
         ({"questions": {f"q{i}": {"type": "noul", "instructions": "x?"} for i in range(65)}}, 400),
@@ -111,8 +113,18 @@ def test_validation_accepts_limits(sim: ModuleType) -> None:
     qs = {f"q{i}": {"type": "noul", "instructions": "ok?", "criteria": {"true": "y", "false": "n"}} for i in range(64)}
     qs["c"] = {"type": "choice", "instructions": "x?", "criteria": {chr(65 + i): None for i in range(26)}}
     qs.pop("q0")
-    body = {"state": "s", "questions": qs, "instructions": "be brief", "cache_salt": "x", "chat_template_kwargs": {}}
+    body = {"state": "s", "questions": qs, "instructions": "be brief", "chat_template_kwargs": {}, "seed": 3,
+            "priority": -1, "request_id": "r-1"}
     assert sim.validate_request(body, ["d3"])[0] == "d3"
+    assert sim.validate_request({**body, "decision_template": "{{ state }}"}, ["d3"], trust_template=True)
+
+
+def test_unknown_request_fields_are_ignored_and_logged_like_vllm(sim: ModuleType,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's OpenAIBaseModel (extra="allow" + __log_extra_fields__): accepted, ignored, a warning logged."""
+    model, _ = sim.validate_request({**SMOKE, "stream": True, "cache_salt": "x"}, ["d3"])
+    assert model == "d3"
+    assert "The following fields were present in the request but ignored" in capsys.readouterr().out
 
 
 def test_kv_bytes_per_token_counts_one_in_four_layers(sim: ModuleType) -> None:

@@ -1,0 +1,244 @@
+"""The lab side of each contract in tests/contracts/: the LAB STAND-IN vLLM simulator (lab/simulator/vllm_sim.py)
+answers exactly as the fixtures written from vLLM's source say.
+
+In-process, no podman: the simulator module is imported and its HTTP handler served on a loopback port from a
+thread (the same handler the image runs). The request fields it accepts are checked against vLLM's
+StructuredDecisionRequest (vllm/entrypoints/generate/structured_decisions/protocol.py).
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import json
+import math
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+KEY = "contract-key"
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((HERE / name).read_text())
+
+
+REQUEST = load("vllm/systemone-request.json")
+RESPONSE = load("vllm/systemone-response.json")
+UNAUTHORIZED = load("vllm/unauthorized.json")
+HEALTH = load("vllm/health.json")
+MODELS = load("vllm/models.json")
+SERVED = MODELS["body"]["data"][0]["id"]
+# vLLM StructuredDecisionRequest's fields (protocol.py, read 2026-11-30 from vllm-project/vllm)
+VLLM_REQUEST_FIELDS = {"model", "state", "questions", "instructions", "decision_template", "chat_template_kwargs",
+                       "seed", "priority", "request_id"}
+VLLM_QUESTION_FIELDS = {"type", "instructions", "criteria"}
+
+
+@pytest.fixture(scope="module")
+def sim() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vllm_sim_contract", ROOT / "lab/simulator/vllm_sim.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Server:
+    def __init__(self, sim: ModuleType, api_key: str | None) -> None:
+        argv = ["--model", MODELS["body"]["data"][0]["root"], "--served-model-name", SERVED,
+                "--max-model-len", str(MODELS["body"]["data"][0]["max_model_len"]), "--enforce-eager"]
+        args = sim.parse_args([*argv, *(["--api-key", api_key] if api_key else [])])
+        args.uvicorn_log_level = "warning"
+        self.state = sim.State(args=args, plan=sim.Plan(args.max_model_len, 100_000, 9.0, 4.0), ms_per_question=0.0)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), sim.make_handler(self.state))
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def call(self, method: str, path: str, body: Any = None, key: str | None = None) -> tuple[int, bytes, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        conn.request(method, path, json.dumps(body).encode() if body is not None else None, headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, data, resp.getheader("content-type") or ""
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server(sim: ModuleType) -> Iterator[Server]:
+    s = Server(sim, KEY)
+    yield s
+    s.close()
+
+
+def request_body() -> dict[str, Any]:
+    return {k: v for k, v in REQUEST.items() if not k.startswith("_")}
+
+
+def shape(obj: Any) -> Any:
+    """Keys at every level and JSON value types (numbers as one type)."""
+    if isinstance(obj, dict):
+        return {k: shape(v) for k, v in obj.items() if not k.startswith("_")}
+    if isinstance(obj, bool):
+        return "bool"
+    if isinstance(obj, (int, float)):
+        return "number"
+    return type(obj).__name__
+
+
+@pytest.fixture(scope="module")
+def answer(server: Server) -> dict[str, Any]:
+    status, body, ctype = server.call("POST", "/v1/systemone", request_body(), KEY)
+    assert status == 200, body
+    assert ctype.startswith("application/json")
+    return json.loads(body)
+
+
+def test_systemone_answer_has_exactly_the_fixture_structure(answer: dict[str, Any]) -> None:
+    assert shape(answer) == shape(RESPONSE)
+    assert answer["object"] == "structured_decision"
+    assert answer["model"] == RESPONSE["model"] == REQUEST["model"]
+    assert isinstance(answer["id"], str) and answer["id"]
+    assert isinstance(answer["created"], int) and not isinstance(answer["created"], bool)
+    for key in ("input_tokens", "output_tokens"):
+        assert isinstance(answer["usage"][key], int) and answer["usage"][key] >= 0
+    assert answer["usage"]["output_tokens"] == len(REQUEST["questions"])
+
+
+def test_choice_answer_follows_vllm(answer: dict[str, Any]) -> None:
+    q, a = REQUEST["questions"]["team"], answer["answers"]["team"]
+    assert list(a["probabilities"]) == list(q["criteria"])
+    assert a["choice"] in q["criteria"]
+    assert a["probabilities"][a["choice"]] == max(a["probabilities"].values())
+    assert math.isclose(sum(a["probabilities"].values()), 1.0, abs_tol=1e-9)
+    mass = answer["diagnostics"]["team"]["label_mass"]
+    assert math.isclose(a["confidence"], a["probabilities"][a["choice"]] * mass, rel_tol=1e-9)
+    assert 0.0 <= a["confidence"] <= a["probabilities"][a["choice"]]
+
+
+def test_noul_answer_follows_vllm(answer: dict[str, Any]) -> None:
+    a = answer["answers"]["urgent"]
+    assert set(a["probabilities"]) == {"yes", "no"}
+    assert 0.0 <= a["noul"] <= 1.0
+    assert a["noul"] == a["probabilities"]["yes"]
+    assert math.isclose(a["probabilities"]["yes"] + a["probabilities"]["no"], 1.0, abs_tol=1e-9)
+    mass = answer["diagnostics"]["urgent"]["label_mass"]
+    assert math.isclose(a["confidence"], max(a["probabilities"].values()) * mass, rel_tol=1e-9)
+    assert 0.0 <= a["confidence"] <= max(a["probabilities"].values())
+
+
+def test_score_answer_follows_vllm(answer: dict[str, Any]) -> None:
+    levels = REQUEST["questions"]["tone"]["criteria"]
+    a = answer["answers"]["tone"]
+    n = len(levels)
+    assert a["legend"] == {str(i): lv for i, lv in enumerate(levels)}
+    assert list(a["probabilities"]) == [str(i) for i in range(n)]
+    assert math.isclose(sum(a["probabilities"].values()), 1.0, abs_tol=1e-9)
+    assert math.isclose(a["score"], sum(i * a["probabilities"][str(i)] for i in range(n)), rel_tol=1e-9)
+    assert 0.0 <= a["score"] <= n - 1
+    top = max(a["probabilities"].values())
+    mass = answer["diagnostics"]["tone"]["label_mass"]
+    assert math.isclose(a["confidence"], top * mass, rel_tol=1e-9)
+    assert 0.0 <= a["confidence"] <= top
+
+
+def test_diagnostics_per_question(answer: dict[str, Any]) -> None:
+    assert list(answer["diagnostics"]) == list(REQUEST["questions"])
+    for d in answer["diagnostics"].values():
+        assert 0.0 <= d["label_mass"] <= 1.0
+        assert isinstance(d["argmax_is_label"], bool)
+
+
+def test_the_fixture_request_uses_only_vllm_fields() -> None:
+    assert set(request_body()) <= VLLM_REQUEST_FIELDS
+    for q in REQUEST["questions"].values():
+        assert set(q) <= VLLM_QUESTION_FIELDS
+
+
+def test_simulator_accepts_exactly_vllms_request_fields(sim: ModuleType) -> None:
+    assert sim.REQUEST_FIELDS == VLLM_REQUEST_FIELDS
+    assert sim.QUESTION_FIELDS == VLLM_QUESTION_FIELDS
+
+
+def test_all_vllm_request_fields_accepted(server: Server) -> None:
+    body = {**request_body(), "instructions": "Support tickets.", "chat_template_kwargs": {}, "seed": 7,
+            "priority": 0, "request_id": "contract-1", "decision_template": None}
+    status, data, _ = server.call("POST", "/v1/systemone", body, KEY)
+    assert status == 200, data
+
+
+def test_unknown_request_field_is_ignored_like_vllms_openaibasemodel(server: Server,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """OpenAIBaseModel (vllm/entrypoints/openai/engine/protocol.py): extra="allow" and a logged warning."""
+    status, data, _ = server.call("POST", "/v1/systemone", {**request_body(), "cache_salt": "x", "stream": True},
+                                  KEY)
+    assert status == 200, data
+    assert "The following fields were present in the request but ignored" in capsys.readouterr().out
+
+
+def test_unknown_question_field_is_refused_like_vllms_serving(server: Server) -> None:
+    body = request_body()
+    body["questions"] = {**body["questions"], "extra": {"type": "noul", "instructions": "x?", "temperature": 0}}
+    status, data, _ = server.call("POST", "/v1/systemone", body, KEY)
+    assert status == 400
+    assert "unknown field(s) ['temperature']" in json.loads(data)["error"]["message"]
+
+
+@pytest.mark.parametrize("path", UNAUTHORIZED["guarded_paths"])
+def test_v1_paths_without_the_key_answer_the_fixture(server: Server, path: str) -> None:
+    method = "GET" if path == "/v1/models" else "POST"
+    for key in (None, "wrong-key"):
+        status, data, ctype = server.call(method, path, request_body() if method == "POST" else None, key)
+        assert (status, json.loads(data)) == (UNAUTHORIZED["status"], UNAUTHORIZED["body"])
+        assert ctype.startswith("application/json")
+
+
+@pytest.mark.parametrize("path", UNAUTHORIZED["open_paths"])
+def test_open_paths_stay_open_without_the_key(server: Server, path: str) -> None:
+    assert server.call("GET", path)[0] == 200
+
+
+def test_health_answers_the_fixture(server: Server) -> None:
+    status, data, _ = server.call("GET", HEALTH["path"])
+    assert (status, data.decode()) == (HEALTH["serving"]["status"], HEALTH["serving"]["body"])
+    assert not HEALTH["needs_api_key"]
+
+
+def test_health_503_when_the_engine_is_dead(sim: ModuleType) -> None:
+    s = Server(sim, None)
+    try:
+        s.state.engine_dead = True
+        assert s.call("GET", HEALTH["path"])[0] == HEALTH["engine_dead"]["status"]
+    finally:
+        s.close()
+
+
+def test_models_answers_the_fixture(server: Server) -> None:
+    assert MODELS["needs_api_key"]
+    status, data, _ = server.call("GET", MODELS["path"], key=KEY)
+    assert status == MODELS["status"]
+    body = json.loads(data)
+    assert body["object"] == MODELS["body"]["object"]
+    assert len(body["data"]) == len(MODELS["body"]["data"])
+    for got, want in zip(body["data"], MODELS["body"]["data"], strict=True):
+        assert set(want) <= set(got)
+        assert shape({k: got[k] for k in want}) == shape(want)
+        assert {k: got[k] for k in want if k != "created"} == {k: v for k, v in want.items() if k != "created"}

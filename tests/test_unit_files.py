@@ -1,23 +1,39 @@
 """Rendered units checked by the real tools: the Quadlet generator of Debian 13's podman 5.4 (dry run and
 generation) and `systemd-analyze verify` for the classic unit and for what Quadlet generates.
 
-Runs in a container made from the lab's Debian 13 host image plus podman (built on first use)."""
+The two tool checks (marked lab) run in a container made from the lab's Debian 13 host image plus podman (built
+on first use); the comparison of the two styles needs only plan.yml (unit suite)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from test_plan_playbook import run_plan
+import yaml
 
-pytestmark = pytest.mark.lab
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
 
 BASE = "localhost/d3-lab-host-trixie:latest"
 IMAGE = "localhost/d3-unitcheck-trixie:latest"
 SHA = "89abcdef0123456789abcdef0123456789abcdef"
 MODELS = ["d3", "d3-flash", "d3-mini", "d3-nano", "d3-lite", "d3-edge"]
+
+
+def render_units(tmp: Path, hosts: dict[str, dict]) -> subprocess.CompletedProcess[str]:
+    """plan.yml over an inventory of unreachable hosts, rendering both unit styles into tmp/out."""
+    unreachable = {"ansible_host": "192.0.2.1", "ansible_port": 1}
+    inventory = {"all": {"children": {"l4-nodes": {"hosts": {h: {**unreachable, **v} for h, v in hosts.items()}}}}}
+    (tmp / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "playbooks/plan.yml", "-i", str(tmp / "hosts.yml"), "-e", f"d3_units_render_dir={tmp / 'out'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
 
 
 def podman(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -55,7 +71,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "d3_units_api_key": "not-a-real-key",
         },
     }
-    proc = run_plan(tmp, {}, "-e", f"d3_units_render_dir={tmp / 'out'}", hosts=hosts)
+    proc = render_units(tmp, hosts)
     assert proc.returncode == 0, proc.stdout[-3000:]
     return tmp / "out"
 
@@ -64,6 +80,7 @@ def in_container(image: str, units: Path, script: str) -> subprocess.CompletedPr
     return podman("run", "--rm", "--network", "none", "-v", f"{units}:/units:ro", image, "sh", "-c", script)
 
 
+@pytest.mark.lab
 def test_quadlet_generator_accepts_every_container_file(unitcheck_image: str, rendered: Path) -> None:
     proc = in_container(
         unitcheck_image,
@@ -98,6 +115,7 @@ def test_quadlet_generator_accepts_every_container_file(unitcheck_image: str, re
     assert "not-a-real-key" not in out
 
 
+@pytest.mark.lab
 def test_systemd_accepts_classic_and_generated_units(unitcheck_image: str, rendered: Path) -> None:
     script = (
         "set -e; cp /units/*/*.service /etc/systemd/system/;"

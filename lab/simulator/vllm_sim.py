@@ -927,6 +927,8 @@ def main(argv: list[str] | None = None) -> int:
         check_driver(gpus)
         model = load_model(args.model, args.revision)
         cold = cold_start_s(model)
+        log("INFO", "model.py:548", f"(simulator) cold start {cold:.2f} s for {model.bf16_bytes / 1e9:.1f} GB of "
+            "weights (the field report's 150 s for d3's 52.2 GB, scaled)")
         log("INFO", "model.py:547", f"Resolved architecture: {(model.config.get('architectures') or ['?'])[0]} "
             f"from {model.snapshot}")
         if args.kv_cache_dtype.startswith("fp8"):

@@ -4,7 +4,13 @@ Unit tests import the simulator module directly. The `lab` tests start the real 
 machine: container names `d3simtest-*`, host network on a random loopback port, an HF cache in a tmp dir with a
 tiny D3-shaped snapshot, and fake GPUs (`--device /dev/null:/dev/nvidiaN` + a fake `nvidia-smi` script that
 prints L4 lines, bind-mounted at /usr/bin/nvidia-smi). The session fixture runs lab/simulator/build.sh first
-(idempotent, ~1 s when the image is current) so the image always matches the source.
+(idempotent, ~1 s when the image is current) so the image always matches the source; a `lab` test FAILS when
+podman or the image is missing (the lab is part of what is tested, not optional).
+
+The GPU-memory and driver tests give the container the lab driver stand-in instead of the fake: the stand-in
+nvidia-smi built from lab/nvidia/src (Python; runs with the image's python3), its "NVML" data written by the
+stand-in lab-nvidia-setup, and a claims directory shared by every container of the test (as the lab CDI spec
+shares /run/lab-nvidia on a lab host), so simulator instances see each other's memory.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "lab" / "simulator"
 IMAGE = "localhost/d3-vllm-sim"
 L4_MIB = 23034
+NVIDIA_SRC = ROOT / "lab" / "nvidia" / "src" / "lab-nvidia-driver"
+LITE_REV = "b" * 40
 D3_REV = "c" * 40
 MINI_REV = "a" * 40
 lab = pytest.mark.lab
@@ -135,6 +143,48 @@ def test_kv_bytes_per_token_counts_one_in_four_layers(sim: ModuleType) -> None:
     assert sim.kv_bytes_per_token({"text_config": typed}, "auto", 1) == 2 * 1 * 4 * 256 * 2
 
 
+def test_cold_start_scales_with_checkpoint_size(sim: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("D3_SIM_COLD_START_S", raising=False)
+    monkeypatch.delenv("D3_SIM_COLD_START_SCALE", raising=False)
+    d3 = sim.Model("vllm-sr/d3", Path("/x"), {}, 52_200_000_000)
+    mini = sim.Model("vllm-sr/d3-mini", Path("/x"), {}, 9_319_730_176)
+    assert sim.cold_start_s(d3) == pytest.approx(150.0)  # the field report's 2.5 min
+    assert sim.cold_start_s(mini) == pytest.approx(150.0 * 9_319_730_176 / 52_200_000_000)
+    monkeypatch.setenv("D3_SIM_COLD_START_SCALE", "0.0333")  # what the lab image sets
+    assert sim.cold_start_s(d3) == pytest.approx(5.0, abs=0.01)
+    monkeypatch.setenv("D3_SIM_COLD_START_S", "1.5")  # absolute override (tests)
+    assert sim.cold_start_s(d3) == 1.5
+
+
+@pytest.mark.parametrize(("driver", "compat", "ok"), [
+    ("580.95.05", False, True), ("590.10.01", False, True), ("570.195.03", False, False),
+    ("570.195.03", True, True), ("535.274.02", True, True), ("530.30.02", True, False)])
+def test_driver_check(sim: ModuleType, monkeypatch: pytest.MonkeyPatch, driver: str, compat: bool, ok: bool) -> None:
+    monkeypatch.setenv("VLLM_ENABLE_CUDA_COMPATIBILITY", "1" if compat else "0")
+    gpus = [sim.Gpu(0, "NVIDIA L4", "GPU-0", L4_MIB, 0, driver, "8.9")]
+    if ok:
+        sim.check_driver(gpus)
+        return
+    with pytest.raises(sim.SimExit) as err:
+        sim.check_driver(gpus)
+    assert err.value.message.startswith("The NVIDIA driver on your system is too old (found version 12")
+
+
+def test_gpu_claim_is_seen_while_held_and_not_after(sim: ModuleType, tmp_path: Path) -> None:
+    claim = sim.GpuClaim(str(tmp_path))
+    claim.set({"GPU-a": 100})
+    claim.set({"GPU-a": 200})
+    [path] = tmp_path.glob("*.json")
+    assert json.loads(path.read_text())["gpus"] == {"GPU-a": 200}
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+             "try: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB); print('free')\n"
+             "except BlockingIOError: print('held')")
+    held = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True)
+    assert held.stdout.strip() == "held"
+    claim.release()
+    assert not list(tmp_path.glob("*.json"))
+
+
 def test_cuda_visible_devices_subset_and_order(sim: ModuleType) -> None:
     gpus = [sim.Gpu(i, "NVIDIA L4", f"GPU-{i}000", L4_MIB, 0, "580", "8.9") for i in range(4)]
     assert [g.index for g in sim.apply_cuda_visible(gpus, "3,1")] == [3, 1]
@@ -214,10 +264,10 @@ def add_model(hub: Path, repo: str, rev: str, bf16_bytes: int, layers: int, ref:
 @pytest.fixture(scope="session")
 def image() -> str:
     if shutil.which("podman") is None:
-        pytest.skip("podman is not installed")
+        pytest.fail("podman is not installed: the lab simulator tests need it")
     build = subprocess.run([str(SIM_DIR / "build.sh")], capture_output=True, text=True, timeout=900, check=False)
     if build.returncode != 0:
-        pytest.skip(f"cannot build the simulator image (needs root + debootstrap): {build.stderr[-500:]}")
+        pytest.fail(f"cannot build the simulator image (needs root + debootstrap): {build.stderr[-500:]}")
     return IMAGE
 
 
@@ -227,12 +277,52 @@ def lab_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("d3sim")
     add_model(d / "hf" / "hub", "vllm-sr/d3", D3_REV, 52_200_000_000, 64, ref=False)
     add_model(d / "hf" / "hub", "vllm-sr/d3-mini", MINI_REV, 9_300_000_000, 32, ref=True)
+    add_model(d / "hf" / "hub", "vllm-sr/d3-lite", LITE_REV, 1_746_877_568, 24, ref=True)
     lines = "\n".join(f"{i}, NVIDIA L4, GPU-{i:08x}-1111-2222-3333-444444444444, {L4_MIB}, 0, 580.95.05, 8.9"
                       for i in range(4))
     smi = d / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\n# fake nvidia-smi (test only): 4 x L4\ncat <<'EOF'\n{lines}\nEOF\n")
     smi.chmod(0o755)
     return d
+
+
+def wait_for(what: str, predicate: Any, timeout: float = 30.0, every: float = 0.1) -> Any:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def standin_driver(root: Path, driver: str = "580.95.05") -> Path:
+    """The lab driver stand-in for containers: nvidia-smi, its NVML data for 4 x L4 at `driver`, claims dir."""
+    root.mkdir(parents=True, exist_ok=True)
+    for rel in ("usr/bin/nvidia-smi", "usr/lib/lab-nvidia/lab-nvidia-setup"):
+        text = (NVIDIA_SRC / rel).read_text().replace("@DRIVER_VERSION@", "580.95.05").replace("@VERSION@", "lab")
+        (root / Path(rel).name).write_text(text)
+        (root / Path(rel).name).chmod(0o755)
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "gpus.json").write_text(json.dumps({"count": 4, "name": "NVIDIA L4", "memory_mib": L4_MIB,
+                                                "compute_cap": "8.9", "driver_version": driver}))
+    env = dict(LAB_NVIDIA_NVML=str(root / "nvml.json"), LAB_NVIDIA_DEV_DIR=str(root / "dev"),
+               LAB_NVIDIA_CONFIG=str(root / "gpus.json"), LAB_NVIDIA_HOSTNAME="d3simtest",
+               LAB_NVIDIA_CLAIMS_DIR=str(root / "lab-nvidia" / "claims"),
+               LAB_NVIDIA_DRIVER_STATE=str(root / "driver-version"))
+    subprocess.run([sys.executable, str(root / "lab-nvidia-setup")], env=env, check=True, capture_output=True)
+    return root
+
+
+def smi_used(standin: Path) -> dict[int, int]:
+    """memory.used per GPU index, as the stand-in nvidia-smi reports it on the "host" (this machine)."""
+    env = dict(LAB_NVIDIA_NVML=str(standin / "nvml.json"), LAB_NVIDIA_DEV_DIR=str(standin / "dev"),
+               LAB_NVIDIA_CLAIMS_DIR=str(standin / "lab-nvidia" / "claims"), PATH="/usr/bin:/bin")
+    out = subprocess.run([sys.executable, str(standin / "nvidia-smi"), "--query-gpu=index,memory.used",
+                          "--format=csv,noheader,nounits"], env=env, capture_output=True, text=True, check=True)
+    return {int(i): int(u) for i, u in (line.split(", ") for line in out.stdout.splitlines())}
 
 
 class Sim:
@@ -242,18 +332,23 @@ class Sim:
         self.image, self.env_dir, self.names = image, env_dir, []  # type: ignore[var-annotated]
 
     def cmd(self, args: list[str], gpus: int = 1, tag: str = "nightly", env: dict[str, str] | None = None,
-            smi: bool = True, detach: bool = False) -> tuple[str, list[str]]:
+            smi: bool = True, detach: bool = False, standin: Path | None = None,
+            first_gpu: int = 0) -> tuple[str, list[str]]:
         name = f"d3simtest-{uuid.uuid4().hex[:10]}"
         self.names.append(name)
         c = ["run", "--name", name, "--network", "host",
-             "-v", f"{self.env_dir / 'hf'}:/root/.cache/huggingface:ro",
-             "-e", "HF_HUB_OFFLINE=1", "-e", "D3_SIM_COLD_START_S=1", "-e", "D3_SIM_MS_PER_QUESTION=5"]
+             "-v", f"{self.env_dir / 'hf'}:/root/.cache/huggingface:ro"]
         c += ["-d"] if detach else []
-        if smi:
+        if standin is not None:  # the lab driver stand-in, as the lab CDI spec gives it
+            c += ["-v", f"{standin / 'nvidia-smi'}:/usr/bin/nvidia-smi:ro",
+                  "-v", f"{standin / 'nvml.json'}:/lab-nvml.json:ro", "-e", "LAB_NVIDIA_NVML=/lab-nvml.json",
+                  "-v", f"{standin / 'lab-nvidia'}:/run/lab-nvidia", "--device", "/dev/null:/dev/nvidiactl"]
+        elif smi:
             c += ["-v", f"{self.env_dir / 'nvidia-smi'}:/usr/bin/nvidia-smi:ro"]
-        for i in range(gpus):
+        for i in range(first_gpu, first_gpu + gpus):
             c += ["--device", f"/dev/null:/dev/nvidia{i}"]
-        for k, v in (env or {}).items():
+        for k, v in {"HF_HUB_OFFLINE": "1", "D3_SIM_COLD_START_S": "1", "D3_SIM_MS_PER_QUESTION": "5",
+                     **(env or {})}.items():
             c += ["-e", f"{k}={v}"]
         return name, [*c, f"{self.image}:{tag}", *args]
 
@@ -271,11 +366,17 @@ class Sim:
 
     def wait_healthy(self, name: str, port: int, timeout: float = 30) -> float:
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if health(port) == 200:
-                return time.monotonic() - t0
-            time.sleep(0.1)
-        raise AssertionError(f"not healthy after {timeout}s:\n{logs(name)}")
+        try:
+            wait_for(f"{name} healthy", lambda: health(port) == 200, timeout)
+        except AssertionError:
+            raise AssertionError(f"not healthy after {timeout}s:\n{logs(name)}") from None
+        return time.monotonic() - t0
+
+    def wait_exit(self, name: str, timeout: float = 60) -> int:
+        """Exit code of a detached simulator, once it has exited."""
+        wait_for(f"{name} to exit", lambda: podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+                 in ("exited", "stopped"), timeout)
+        return int(podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip())
 
     def cleanup(self) -> None:
         for n in self.names:
@@ -408,7 +509,12 @@ def test_fp8_kv_cache_first_request_kills_engine(simr: Sim) -> None:
 def test_never_ready_image_never_binds(simr: Sim) -> None:
     port = free_port()
     name = simr.start(MINI, port, tag="nightly-broken", env={"D3_SIM_COLD_START_S": "0.5"})
-    time.sleep(4)
+    wait_for("the never-ready log line", lambda: "never-ready" in logs(name))
+    # from then on the port must stay closed: probe it for 3 s (10x the last startup step)
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert health(port) is None
+        time.sleep(0.2)
     state = podman("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
     assert state == "true"
     assert health(port) is None
@@ -420,7 +526,7 @@ def test_never_ready_image_never_binds(simr: Sim) -> None:
 def test_health_refused_during_cold_start_then_200(simr: Sim) -> None:
     port = free_port()
     name = simr.start(MINI, port, env={"D3_SIM_COLD_START_S": "3"})
-    time.sleep(1.0)
+    wait_for("the model load to start", lambda: "Starting to load model" in logs(name))
     assert health(port) is None  # connection refused while "loading"
     waited = simr.wait_healthy(name, port)
     assert waited > 0.8  # ~2 s of the 3 s cold start remained
@@ -533,7 +639,7 @@ def test_registry_tags_match_local_images(image: str) -> None:
     try:
         urllib.request.urlopen(f"http://{registry}/v2/", timeout=2).close()
     except (OSError, urllib.error.URLError):
-        pytest.skip("lab registry not running (make lab-images)")
+        pytest.fail("lab registry not running (make lab-images)")
     digests = set()
     for tag in ("nightly", "nightly-next", "nightly-broken"):
         req = urllib.request.Request(f"http://{registry}/v2/vllm/vllm-openai/manifests/{tag}", headers={
@@ -547,3 +653,109 @@ def test_registry_tags_match_local_images(image: str) -> None:
         assert manifest["config"]["digest"] == local, f"{tag}: registry holds another image; re-run lab_simulator"
         digests.add(digest)
     assert len(digests) == 3
+
+
+# ------------------------------------------------------------------------------------------- GPU memory, driver
+LITE = ["--model", "vllm-sr/d3-lite", "--max-model-len", "8192", "--enforce-eager"]
+FREE_TEXT = "on startup is less than desired GPU memory utilization"
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> Path:
+    return standin_driver(tmp_path / "driver")
+
+
+@lab
+def test_memory_held_while_running_and_freed_when_the_process_dies(simr: Sim, standin: Path) -> None:
+    port = free_port()
+    name = simr.start([*LITE, "--gpu-memory-utilization", "0.45"], port, standin=standin, first_gpu=1)
+    simr.wait_healthy(name, port)
+    budget = int(0.45 * L4_MIB)
+    assert smi_used(standin) == {0: 0, 1: budget, 2: 0, 3: 0}
+    # inside another container on the same "host" it is the same
+    inside = podman("run", "--rm", "-v", f"{standin / 'nvidia-smi'}:/usr/bin/nvidia-smi:ro",
+                    "-v", f"{standin / 'nvml.json'}:/n.json:ro", "-e", "LAB_NVIDIA_NVML=/n.json",
+                    "-v", f"{standin / 'lab-nvidia'}:/run/lab-nvidia", "--device", "/dev/null:/dev/nvidiactl",
+                    "--device", "/dev/null:/dev/nvidia1", "--entrypoint", "nvidia-smi", f"{simr.image}:nightly",
+                    "--query-gpu=index,memory.used,memory.free", "--format=csv,noheader,nounits")
+    assert inside.stdout.split(", ") == ["1", str(budget), str(L4_MIB - 434 - budget) + "\n"], inside.stderr
+    podman("kill", name)  # SIGKILL-like end: no cleanup code runs, the kernel drops the flock
+    wait_for("the claim to disappear", lambda: smi_used(standin)[1] == 0)
+
+
+@lab
+def test_shares_summing_to_one_cannot_both_start(simr: Sim, standin: Path) -> None:
+    port = free_port()
+    first = simr.start([*LITE, "--gpu-memory-utilization", "0.5"], port, standin=standin)
+    simr.wait_healthy(first, port)
+    r = simr.run([*LITE, "--gpu-memory-utilization", "0.5", "--port", str(free_port())], standin=standin)
+    assert r.rc == 1, r.out
+    free = (L4_MIB - 434 - int(0.5 * L4_MIB)) * 2**20
+    want = (f"ValueError: Free memory on device cuda:0 ({round(free / 2**30, 2)}/{round(L4_MIB / 1024, 2)} GiB) "
+            f"{FREE_TEXT} (0.5, {round(0.5 * L4_MIB / 1024, 2)} GiB). Decrease GPU memory utilization or reduce GPU "
+            "memory used by other processes.")
+    assert want in r.out
+
+
+@lab
+def test_two_at_045_start_one_after_the_other(simr: Sim, standin: Path) -> None:
+    ports = [free_port(), free_port()]
+    names = []
+    for port in ports:
+        names.append(simr.start([*LITE, "--gpu-memory-utilization", "0.45"], port, standin=standin))
+        simr.wait_healthy(names[-1], port)
+    assert smi_used(standin)[0] == 2 * int(0.45 * L4_MIB)
+    for port in ports:
+        assert http("GET", f"http://127.0.0.1:{port}/v1/models")[0] == 200
+
+
+@lab
+def test_a_neighbour_allocating_during_memory_profiling_breaks_the_start(simr: Sim, standin: Path) -> None:
+    """vLLM charges the device's free-memory drop during its profiling to itself (gpu_worker.py NOTE(woosuk)):
+    the second instance profiles while the first allocates its KV cache and has no memory left for its own."""
+    port = free_port()
+    slow = {"D3_SIM_COLD_START_S": "6"}
+    first = simr.start([*LITE, "--gpu-memory-utilization", "0.45"], port, standin=standin, env=slow)
+    wait_for("the first instance to load its weights", lambda: "Starting to load model" in logs(first))
+    second = simr.start([*LITE, "--gpu-memory-utilization", "0.45"], free_port(), standin=standin, env=slow)
+    assert simr.wait_exit(second) == 1
+    out = logs(second)
+    assert ("No available memory for the cache blocks" in out or "KV cache is needed, which is larger than the "
+            "available KV cache memory" in out), out
+    simr.wait_healthy(first, port)
+
+
+@lab
+@pytest.mark.parametrize("driver", ["570.195.03", "535.274.02"])
+def test_driver_older_than_r580_refused_without_cuda_compat(simr: Sim, tmp_path: Path, driver: str) -> None:
+    old = standin_driver(tmp_path / "old", driver)
+    r = simr.run(LITE, standin=old)
+    assert r.rc == 1, r.out
+    cuda = {"570": "12080", "535": "12020"}[driver[:3]]
+    assert f"RuntimeError: The NVIDIA driver on your system is too old (found version {cuda})" in r.out
+    assert "CUDA driver version is insufficient for CUDA runtime version" in r.out
+    port = free_port()
+    name = simr.start(LITE, port, standin=old, env={"VLLM_ENABLE_CUDA_COMPATIBILITY": "1"})
+    simr.wait_healthy(name, port)
+    assert "forward-compatibility" in logs(name)
+
+
+@lab
+def test_driver_older_than_r535_refused_even_with_cuda_compat(simr: Sim, tmp_path: Path) -> None:
+    r = simr.run(LITE, standin=standin_driver(tmp_path / "old", "530.30.02"),
+                 env={"VLLM_ENABLE_CUDA_COMPATIBILITY": "1"})
+    assert r.rc == 1, r.out
+    assert "The NVIDIA driver on your system is too old (found version 12010)" in r.out
+
+
+@lab
+def test_cold_start_per_model_size(simr: Sim) -> None:
+    """No D3_SIM_COLD_START_S: 150 s x size / 52.2 GB x D3_SIM_COLD_START_SCALE (here 0.1: d3-mini 2.7 s)."""
+    assert "D3_SIM_COLD_START_SCALE=0.0333" in inspect(f"{simr.image}:nightly", "{{.Config.Env}}")
+    port = free_port()
+    name = simr.start(MINI, port, env={"D3_SIM_COLD_START_S": "", "D3_SIM_COLD_START_SCALE": "0.1"})
+    wait_for("the model load to start", lambda: "Starting to load model" in logs(name))
+    assert health(port) is None
+    waited = simr.wait_healthy(name, port)
+    assert 1.5 < waited < 10, waited
+    assert "cold start 2.67 s for 9.3 GB" in logs(name)

@@ -255,9 +255,11 @@ def query_gpus() -> list[Gpu]:
 
 
 def free_mib(gpus: list[Gpu]) -> dict[str, int]:
-    """Free MiB per GPU UUID now (what torch.cuda.mem_get_info() would say)."""
+    """Free MiB per GPU UUID now (what torch.cuda.mem_get_info() would say). This process's own memory is in
+    nvidia-smi's figure when its claim is published; otherwise (no claims directory) it is taken off here."""
     now = {g.uuid: g.free for g in query_gpus()}
-    return {g.uuid: now.get(g.uuid, g.free) for g in gpus}
+    own = {} if CLAIM.published else CLAIM.current
+    return {g.uuid: now.get(g.uuid, g.free) - own.get(g.uuid, 0) for g in gpus}
 
 
 def detect_gpus() -> list[Gpu]:
@@ -330,12 +332,18 @@ class GpuClaim:
         self.dir = Path(directory or os.environ.get("LAB_NVIDIA_CLAIMS_DIR") or CLAIMS_DIR_DEFAULT)
         self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
         self.fd: int | None = None
+        self.current: dict[str, int] = {}
+
+    @property
+    def published(self) -> bool:
+        return self.fd is not None
 
     @property
     def path(self) -> Path:
         return self.dir / self.name
 
     def set(self, per_gpu_mib: dict[str, int]) -> None:
+        self.current = {k: int(v) for k, v in per_gpu_mib.items()}
         if not self.dir.is_dir():
             return
         tmp = self.dir / f".{self.name}.{uuid.uuid4().hex[:6]}.tmp"
@@ -355,6 +363,7 @@ class GpuClaim:
                 self.path.unlink()
             os.close(self.fd)
             self.fd = None
+        self.current = {}
 
 
 CLAIM = GpuClaim()

@@ -568,7 +568,7 @@ def test_decision_endpoints(server: tuple[str, int], endpoint: str) -> None:
     for a in ans.values():
         assert abs(sum(a["probabilities"].values()) - 1.0) < 1e-6
         assert 0.0 <= a["confidence"] <= 1.0
-    assert out["usage"]["prompt_tokens"] > 0
+    assert out["usage"]["input_tokens"] > 0
     assert "diagnostics" in out
 
 

@@ -10,6 +10,7 @@ Containers and images are named ``nvlabtest-*``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -34,6 +35,18 @@ QUERY = "index,name,uuid,memory.total,memory.used,driver_version,compute_cap"
 CACHE = Path("/var/cache/d3-lab/nvlabtest")
 MIRROR = "http://deb.debian.org/debian"
 REPO_PORT = 8081
+
+
+def wait_for(what: str, predicate: Any, timeout: float = 30.0, every: float = 0.2) -> Any:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
 
 
 def run(*cmd: str, check: bool = True, env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess:
@@ -135,6 +148,59 @@ def test_stand_in_nvidia_smi_reports_only_present_device_nodes(unpacked: Path, t
     assert nodrv.returncode == 9 and "couldn't communicate with the NVIDIA driver" in nodrv.stderr
     bad = run(smi, "--query-gpu=bogus", "--format=csv", env=env, check=False)
     assert bad.returncode != 0
+
+
+def hold_claim(claims: Path, gpus: dict[str, int]) -> int:
+    """Publish a GPU memory claim like the simulator does (flock'd, renamed into place); returns the fd."""
+    tmp = claims / ".test.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"pid": 4242, "process_name": "python3", "gpus": gpus}).encode())
+    os.replace(tmp, claims / "test.json")
+    return fd
+
+
+def test_stand_in_nvidia_smi_counts_the_claims_of_live_processes(unpacked: Path, tmp_path: Path) -> None:
+    env = gpu_env(unpacked, tmp_path, L4X4)
+    smi = str(unpacked / "usr/bin/nvidia-smi")
+    claims = Path(env["LAB_NVIDIA_CLAIMS_DIR"])
+    assert oct(claims.stat().st_mode & 0o7777) == "0o1777"
+    gpus = nvidia_smi_query_gpus(run(smi, f"--query-gpu={QUERY}", "--format=csv", env=env).stdout)
+    query = [smi, "--query-gpu=index,memory.used,memory.reserved,memory.free", "--format=csv,noheader,nounits"]
+    assert run(*query, env=env).stdout.splitlines()[1] == "1, 0, 434, 22600"
+    fd = hold_claim(claims, {gpus[1]["uuid"]: 5000})
+    # a dead process's claim (file present, lock free) does not count
+    (claims / "dead.json").write_text(json.dumps({"pid": 1, "gpus": {gpus[1]["uuid"]: 7000}}))
+    try:
+        assert run(*query, env=env).stdout.splitlines() == [
+            "0, 0, 434, 22600", "1, 5000, 434, 17600", "2, 0, 434, 22600", "3, 0, 434, 22600"]
+        table = run(smi, env=env).stdout
+        assert "|    5000MiB /  23034MiB |" in table
+        assert re.search(r"\|\s+1\s+N/A\s+N/A\s+4242\s+C\s+python3\s+5000MiB \|", table), table
+        assert all(len(line) == 91 for line in table.splitlines()[1:] if line.startswith(("|", "+")))
+    finally:
+        os.close(fd)
+    assert run(*query, env=env).stdout.splitlines()[1] == "1, 0, 434, 22600"
+    assert "No running processes found" in run(smi, env=env).stdout
+
+
+def test_stand_in_driver_version_can_be_flipped(unpacked: Path, tmp_path: Path) -> None:
+    env = gpu_env(unpacked, tmp_path, L4X4)
+    smi, setup = str(unpacked / "usr/bin/nvidia-smi"), str(unpacked / "usr/lib/lab-nvidia/lab-nvidia-setup")
+    ask = [smi, "--query-gpu=driver_version", "--format=csv,noheader"]
+    assert run(*ask, env=env).stdout.split() == [DRIVER] * 4
+    out = run(setup, "--driver-version", "570.195.03", env=env).stdout
+    assert "driver version 570.195.03 (CUDA 12.8)" in out
+    assert run(*ask, env=env).stdout.split() == ["570.195.03"] * 4
+    table = nvidia_smi_table(run(smi, env=env).stdout)
+    assert table["driver_version"] == "570.195.03"
+    assert "CUDA Version: 12.8" in run(smi, env=env).stdout
+    run(setup, env=env)  # a reboot keeps it
+    assert run(*ask, env=env).stdout.split() == ["570.195.03"] * 4
+    run(setup, "--driver-version", "default", env=env)
+    assert run(*ask, env=env).stdout.split() == [DRIVER] * 4
+    assert "CUDA Version: 13.0" in run(smi, env=env).stdout
+    assert run(setup, "--driver-version", "latest", env=env, check=False).returncode != 0
 
 
 def test_stand_in_table_layout_matches_real_h200(unpacked: Path, tmp_path: Path) -> None:
@@ -299,11 +365,7 @@ def host(request: pytest.FixtureRequest, repo: Path) -> Iterator[Host]:
            image, "/sbin/init")
     box = Host(name)
     try:
-        for _ in range(60):
-            state = box.sh("systemctl is-system-running", check=False).stdout.strip()
-            if state in ("running", "degraded"):
-                break
-            time.sleep(0.5)
+        booted(box)
         box.sh("command -v podman >/dev/null || { apt-get update -qq && "
                "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman >/dev/null; }", timeout=900)
         box.sh("python3 -c \"import urllib.request as u; open('/usr/share/keyrings/lab-nvidia.asc','wb')"
@@ -313,6 +375,11 @@ def host(request: pytest.FixtureRequest, repo: Path) -> Iterator[Host]:
         yield box
     finally:
         podman("rm", "-f", "-t", "0", name, check=False)
+
+
+def booted(box: Host, timeout: float = 60) -> None:
+    wait_for(f"{box.name} to finish booting", lambda: box.sh("systemctl is-system-running", check=False)
+             .stdout.strip() in ("running", "degraded"), timeout)
 
 
 def install(host: Host, version: str) -> None:
@@ -344,11 +411,13 @@ def serve(directory: Path) -> Iterator[int]:
         port = sock.getsockname()[1]
     proc = subprocess.Popen(["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
                              "--directory", str(directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def listening() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+        return False
+
     try:
-        for _ in range(50):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            time.sleep(0.1)
+        wait_for(f"http.server on port {port}", listening, timeout=10, every=0.1)
         yield port
     finally:
         proc.terminate()
@@ -426,6 +495,81 @@ def test_driver_and_toolkit_from_signed_repo(host: Host) -> None:
     bad = host.sh(f"podman run --rm --network none --device nvidia.com/gpu=7 {PY_IMAGE} true",
                   check=False)
     assert bad.returncode != 0 and "unresolvable CDI devices nvidia.com/gpu=7" in bad.stderr
+
+
+@pytest.mark.lab
+def test_boot_writes_the_cdi_spec_from_the_refresh_unit(host: Host) -> None:
+    """Like toolkit >= 1.18 on a real host: /var/run is a tmpfs, so after a reboot the spec exists only because
+    nvidia-cdi-refresh.service (enabled, WantedBy=multi-user.target) wrote it again."""
+    install(host, "1.20.0-1")
+    assert host.sh("findmnt -n -o FSTYPE -T /var/run/cdi").stdout.strip() == "tmpfs"
+    podman("stop", "-t", "10", host.name)
+    podman("start", host.name)
+    booted(host)
+    show = host.sh("systemctl show -p ActiveState -p Result -p After -p Before -p UnitFileState "
+                   "nvidia-cdi-refresh.service").stdout
+    props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+    assert (props["ActiveState"], props["Result"], props["UnitFileState"]) == ("active", "success", "enabled")
+    assert "lab-nvidia-devices.service" in props["After"].split()
+    assert "multi-user.target" not in props["After"].split()  # upstream PR #1746 (cycle, issue #1735)
+    assert "docker.service" in props["Before"].split()  # the 10-container-engines.conf drop-in
+    gpus = nvidia_smi_query_gpus(host.sh(f"nvidia-smi --query-gpu={QUERY} --format=csv").stdout)
+    check_spec(yaml.safe_load(host.sh("cat /var/run/cdi/nvidia.yaml").stdout), gpus)
+    assert host.sh("stat -c %a /run/lab-nvidia/claims").stdout.strip() == "1777"
+
+
+HOLD = """import fcntl, json, os, sys, time
+d = "/run/lab-nvidia/claims"
+fd = os.open(d + "/.hold.tmp", os.O_CREAT | os.O_WRONLY, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, json.dumps({"pid": os.getpid(), "process_name": "python3", "gpus": {sys.argv[1]: 5000}}).encode())
+os.replace(d + "/.hold.tmp", d + "/hold.json")
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.lab
+def test_gpu_memory_claims_are_shared_across_containers(host: Host) -> None:
+    install(host, "1.20.0-1")
+    ensure_py_image(host)
+    gpus = nvidia_smi_query_gpus(host.sh(f"nvidia-smi --query-gpu={QUERY} --format=csv").stdout)
+    host.sh(f"cat > /tmp/nvlabtest-hold.py <<'EOF'\n{HOLD}EOF")
+    holder = "nvlabtest-holder"
+    host.sh(f"podman rm -f -t 0 {holder} >/dev/null 2>&1; podman run -d --name {holder} --network none "
+            f"--device nvidia.com/gpu=1 -v /tmp/nvlabtest-hold.py:/hold.py:ro {PY_IMAGE} python3 /hold.py "
+            f"{gpus[1]['uuid']}")
+    used = "--query-gpu=index,memory.used --format=csv,noheader,nounits"
+    try:
+        wait_for("the claim on the host", lambda: host.sh(f"nvidia-smi {used}").stdout.splitlines()[1] == "1, 5000")
+        inside = host.sh(f"podman run --rm --network none --device nvidia.com/gpu=1 {PY_IMAGE} nvidia-smi {used}")
+        assert inside.stdout.strip() == "1, 5000"
+    finally:
+        host.sh(f"podman rm -f -t 0 {holder}")
+    wait_for("the claim to go with its process",
+             lambda: host.sh(f"nvidia-smi {used}").stdout.splitlines()[1] == "1, 0")
+
+
+@pytest.mark.lab
+def test_driver_version_flip_to_r570_and_back(host: Host) -> None:
+    """The documented lab knob: lab-nvidia-setup --driver-version VERSION|default (the CDI spec follows)."""
+    install(host, "1.20.0-1")
+    ensure_py_image(host)
+    setup = "/usr/lib/lab-nvidia/lab-nvidia-setup"
+    try:
+        host.sh(f"{setup} --driver-version 570.195.03")
+        assert nvidia_smi_table(host.sh("nvidia-smi").stdout)["driver_version"] == "570.195.03"
+        assert "CUDA Version: 12.8" in host.sh("nvidia-smi").stdout
+        wait_for("the CDI spec for R570", lambda: "--host-driver-version=570.195.03" in host.sh(
+            "cat /var/run/cdi/nvidia.yaml").stdout)
+        inside = host.sh(f"podman run --rm --network none --device nvidia.com/gpu=0 {PY_IMAGE} "
+                         "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+        assert inside.stdout.strip() == "570.195.03"
+    finally:
+        host.sh(f"{setup} --driver-version default")
+    assert nvidia_smi_table(host.sh("nvidia-smi").stdout)["driver_version"] == DRIVER
+    wait_for("the CDI spec for R580", lambda: f"--host-driver-version={DRIVER}" in host.sh(
+        "cat /var/run/cdi/nvidia.yaml").stdout)
 
 
 @pytest.mark.lab

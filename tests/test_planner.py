@@ -239,7 +239,7 @@ def test_refuses_non_l4_gpu_unless_allowed(catalog_vars: dict[str, Any]) -> None
 
 def test_refuses_planner_owned_flags(catalog_vars: dict[str, Any]) -> None:
     refused(plan(catalog_vars, [{"model": "d3-edge", "extra_args": ["--port=9000"]}]), "sets --port", "instance `port:`")
-    refused(plan(catalog_vars, [{"model": "d3-edge", "extra_args": ["--api-key", "x"]}]), "d3_api_key_file")
+    refused(plan(catalog_vars, [{"model": "d3-edge", "extra_args": ["--api-key", "x"]}]), "d3_units_api_key")
 
 
 def test_refuses_unpinned_revision_in_deploy_mode(catalog_vars: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ the variable and the fix. Nothing here touches a host.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ OWNED_FLAGS = {
     "--served-model-name": "the instance `name:`",
     "--host": "d3_listen_address",
     "--port": "the instance `port:`",
-    "--api-key": "d3_api_key_file (the key must not appear on a command line)",
+    "--api-key": "d3_units_api_key (the key must not appear on a command line)",
 }
 # Catalog flags an instance may override through extra_args.
 CATALOG_FLAGS = (
@@ -65,6 +66,13 @@ class Options:
     allow_cuda_graphs: bool = False
     require_revisions: bool = False
     vram_overhead_mib: int = 2048
+    # Sum of --gpu-memory-utilization allowed on a GPU that several instances share: vLLM refuses to start when
+    # free memory is below its share x total, and the driver keeps some (tests/contracts/versions.yml).
+    gpu_share_cap: float = 0.92
+    # The host's own addresses (from facts); None = unknown (plan.yml without facts): the bind check is skipped.
+    host_addresses: list[str] | None = None
+    # R535+ driver in CUDA forward-compatibility mode (d3_cuda_compat).
+    cuda_compat: bool = False
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> Options:
@@ -246,6 +254,8 @@ class _Planner:
         env = {str(k): str(v) for k, v in self.common["env"].items()}
         env.update({str(k): str(v) for k, v in (item.get("env") or {}).items()})
         env["HF_HUB_OFFLINE"] = "1"
+        if self.opt.cuda_compat:
+            env["VLLM_ENABLE_CUDA_COMPATIBILITY"] = "1"
         revision = self.opt.revisions.get(model)
         if revision is not None and not SHA_RE.match(str(revision)):
             self.refuse(
@@ -282,7 +292,10 @@ class _Planner:
 
     # -- GPU placement --------------------------------------------------------------------------
     def fits(self, idx: int, inst: dict[str, Any]) -> bool:
-        return self.util[idx] + inst["util"] <= 1.0 + 1e-9
+        """A GPU of its own takes any share; a shared GPU keeps the sum of shares within gpu_share_cap."""
+        if not self.use[idx]:
+            return True
+        return self.util[idx] + inst["util"] <= float(self.opt.gpu_share_cap) + 1e-9
 
     def take(self, inst: dict[str, Any], indices: list[int]) -> None:
         for idx in indices:
@@ -319,7 +332,11 @@ class _Planner:
             return
         over = [g for g in wanted if not self.fits(g, inst)]
         if over:
-            self.refuse(where, self._over_budget(over[0], inst), "move an instance to another GPU or lower utilisation")
+            self.refuse(
+                where,
+                self._over_budget(over[0], inst),
+                "move an instance to another GPU, or lower --gpu-memory-utilization so the shares fit d3_gpu_share_cap",
+            )
             return
         self.take(inst, list(wanted))
 
@@ -327,7 +344,8 @@ class _Planner:
         others = ", ".join(f"{o['name']} ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
         return (
             f"VRAM over budget on GPU {idx}: --gpu-memory-utilization {_fmt(inst['util'])} on top of {others} "
-            f"exceeds 1.0 of the GPU's memory"
+            f"exceeds d3_gpu_share_cap {_fmt(float(self.opt.gpu_share_cap))} of a shared GPU's memory (vLLM needs its "
+            "share free at start, and the driver keeps some)"
         )
 
     def place_auto(self, inst: dict[str, Any]) -> None:
@@ -344,7 +362,8 @@ class _Planner:
             state = "; ".join(f"GPU {i}: {_fmt(u)} used" for i, u in self.util.items())
             self.refuse(
                 where,
-                f"VRAM over budget: no {inst['tp']} GPU(s) with {_fmt(inst['util'])} of memory left ({state})",
+                f"VRAM over budget: no {inst['tp']} GPU(s) with {_fmt(inst['util'])} of memory left within "
+                f"d3_gpu_share_cap {_fmt(float(self.opt.gpu_share_cap))} ({state})",
                 "remove an instance from this host, lower --gpu-memory-utilization, or use another host",
             )
             return
@@ -408,6 +427,10 @@ class _Planner:
             "shm_size": inst["shm_size"],
             "weights_mib": inst["weights_mib"],
             "vram_need_mib_per_gpu": inst["need_mib"],
+            # where the host itself reaches the instance (0.0.0.0 / :: bind every address, loopback among them)
+            "health_url": f"http://{self.connect_host()}:{inst['port']}/health",
+            "start_after": inst.get("start_after", []),
+            "wait_ready": inst.get("wait_ready", False),
         }
 
     def run(self) -> dict[str, Any]:
@@ -441,7 +464,61 @@ class _Planner:
             self.place_auto(inst)
         placed = [i for i in resolved if "gpus" in i]
         self.assign_ports(placed)
-        return self.result([i for i in placed if "port" in i])
+        self.check_listen_address()
+        ready = [i for i in placed if "port" in i]
+        self.order_starts(ready)
+        return self.result(ready)
+
+    def connect_host(self) -> str:
+        raw = str(self.opt.listen_address)
+        try:
+            address = ipaddress.ip_address(raw)
+        except ValueError:
+            return raw
+        if address.is_unspecified:
+            address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+        return f"[{address}]" if address.version == 6 else str(address)
+
+    # -- start order ---------------------------------------------------------------------------------
+    @staticmethod
+    def order_starts(placed: list[dict[str, Any]]) -> None:
+        """Instances that share a GPU start one after another, in d3_models order: each orders after the earlier
+        ones on its GPUs, and those wait for readiness before their start counts as done, so that no two
+        profile the GPU's memory at the same moment."""
+        for pos, inst in enumerate(placed):
+            earlier = [o for o in placed[:pos] if set(o["gpus"]) & set(inst["gpus"])]
+            inst["start_after"] = [o["name"] for o in earlier]
+            for other in earlier:
+                other["wait_ready"] = True
+
+    # -- listen address ------------------------------------------------------------------------------
+    def check_listen_address(self) -> None:
+        raw = str(self.opt.listen_address)
+        try:
+            address = ipaddress.ip_address(raw)
+        except ValueError:
+            self.refuse(
+                "d3_listen_address",
+                f"{raw!r} is not an IP address (vLLM binds it with --host)",
+                "set d3_listen_address to 127.0.0.1, 0.0.0.0 or one of the host's own addresses",
+            )
+            return
+        if address.is_loopback or address.is_unspecified or self.opt.host_addresses is None:
+            return
+        own = set()
+        for text in self.opt.host_addresses:
+            try:
+                own.add(ipaddress.ip_address(str(text).split("%", 1)[0]))
+            except ValueError:
+                continue
+        if address not in own:
+            self.refuse(
+                "d3_listen_address",
+                f"{raw} is not an address of this host (its addresses: "
+                f"{', '.join(sorted(str(a) for a in own)) or 'none'}), so vLLM could not bind it and would crash-loop",
+                "set d3_listen_address to one of those, to 127.0.0.1 (local clients only) or to 0.0.0.0 "
+                "(e.g. \"{{ ansible_facts['default_ipv4']['address'] }}\")",
+            )
 
     def result(self, placed: list[dict[str, Any]]) -> dict[str, Any]:
         gpus = []

@@ -110,6 +110,29 @@ def decision_problems(
     return problems
 
 
+def probe_rows(
+    health: list[dict[str, Any]], decisions: list[dict[str, Any]], questions: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One row per probed instance from the d3_smoke role's probe.yml results: /health status, the decision's
+    status, latency and shape problems (checked like the smoke test)."""
+    by_name = {d["item"]["item"]["name"]: d for d in decisions if not d.get("skipped")}
+    rows = []
+    for h in health:
+        name = h["item"]["name"]
+        d = by_name.get(name, {})
+        status = d.get("status")
+        rows.append(
+            {
+                "name": name,
+                "health": h.get("status"),
+                "decision": status,
+                "elapsed_ms": d.get("elapsed_ms") if status == 200 else None,
+                "problems": decision_problems(d.get("json"), questions) if status == 200 else [],
+            }
+        )
+    return rows
+
+
 def smoke_table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per instance: host, instance, model, digest, health, latencies next to the field report's."""
     header = ("host", "instance", "model", "digest", "health", "2q ms", "4q ms", "field report 2q/4q ms")
@@ -133,7 +156,7 @@ def smoke_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 class FilterModule:
-    """Ansible filters: d3_decision_problems, d3_smoke_table."""
+    """Ansible filters: d3_decision_problems, d3_probe_rows, d3_smoke_table."""
 
     def filters(self) -> dict[str, Any]:
-        return {"d3_decision_problems": decision_problems, "d3_smoke_table": smoke_table}
+        return {"d3_decision_problems": decision_problems, "d3_probe_rows": probe_rows, "d3_smoke_table": smoke_table}

@@ -13,14 +13,13 @@ def status_rows(
     plan: dict[str, Any],
     host: str,
     containers: list[dict[str, Any]],
-    health: list[dict[str, Any]],
-    smoke: list[dict[str, Any]],
+    probe: list[dict[str, Any]],
     wanted_digest: str,
 ) -> list[dict[str, Any]]:
-    """One row per planned or running instance, with a list of drift reasons (empty = as the inventory wants)."""
+    """One row per planned or running instance, with a list of drift reasons (empty = as the inventory wants).
+    ``probe`` is the d3_smoke role's probe output (d3_smoke_probe: name, health, decision, elapsed_ms, problems)."""
     running = {c["Labels"]["io.d3-fleet.instance"]: c for c in containers if c.get("Labels", {}).get("io.d3-fleet.instance")}
-    health_by = {h["item"]["name"]: h for h in health}
-    smoke_by = {s["item"]["item"]["name"]: s for s in smoke if not s.get("skipped")}
+    probe_by = {p["name"]: p for p in probe}
     rows = []
     for inst in plan["instances"]:
         ctr = running.get(inst["name"])
@@ -36,8 +35,15 @@ def status_rows(
                 drift.append(f"image {digest[:19] or '?'} != wanted {wanted_digest[:19]}")
             if inst["revision"] and revision != inst["revision"]:
                 drift.append(f"revision {revision[:12]} != wanted {inst['revision'][:12]}")
-        h = health_by.get(inst["name"], {})
-        s = smoke_by.get(inst["name"], {})
+        p = probe_by.get(inst["name"], {})
+        if p.get("health") != 200:
+            health = f"down ({p.get('health', '?')})"
+        elif p.get("decision") != 200:
+            health = f"no decision ({p.get('decision', '?')})"
+        elif p.get("problems"):
+            health = "bad answer: " + "; ".join(p["problems"])
+        else:
+            health = "ready"
         rows.append(
             {
                 "host": host,
@@ -45,8 +51,8 @@ def status_rows(
                 "model": inst["model"],
                 "digest": digest,
                 "revision": revision,
-                "health": "ready" if h.get("status") == 200 else f"down ({h.get('status', '?')})",
-                "smoke_ms": s.get("elapsed_ms") if s.get("status") == 200 else None,
+                "health": health,
+                "smoke_ms": p.get("elapsed_ms"),
                 "drift": drift,
             }
         )

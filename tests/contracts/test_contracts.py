@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-from d3_smoke import decision_problems
+from d3_smoke import decision_problems, probe_rows
+from d3_status import status_rows
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -127,3 +128,40 @@ def test_the_smoke_role_asks_the_fixture_questions() -> None:
     defaults = yaml.safe_load((ROOT / "roles/d3_smoke/defaults/main.yml").read_text())
     assert defaults["d3_smoke_questions"] == QUESTIONS
     assert defaults["d3_smoke_state"] == REQUEST["state"]
+
+
+def _probe(response: Any, status: int = 200, health: int = 200) -> list[dict[str, Any]]:
+    instance = {"name": "d3-mini", "port": 8000}
+    two = dict(list(QUESTIONS.items())[:2])
+    health_results = [{"item": instance, "status": health}]
+    decisions = [{"item": {"item": instance}, "status": status, "json": response, "elapsed_ms": 12.5}]
+    return probe_rows(health_results, decisions if health == 200 else [{"skipped": True}], two)
+
+
+def test_the_status_probe_reads_the_vllm_answer_as_ready() -> None:
+    rows = _probe(RESPONSE)
+    assert rows == [{"name": "d3-mini", "health": 200, "decision": 200, "elapsed_ms": 12.5, "problems": []}]
+    plan = {"instances": [{"name": "d3-mini", "model": "d3-mini", "revision": None}]}
+    (row,) = status_rows(plan, "h", [], rows, "")
+    assert (row["health"], row["smoke_ms"]) == ("ready", 12.5)
+
+
+@pytest.mark.parametrize("name", ["noul-true-false-keys.json"])
+def test_the_status_probe_reports_an_invented_shape(name: str) -> None:
+    fixture = load(f"invented/{name}")
+    bad = copy.deepcopy(RESPONSE)
+    bad["answers"][fixture["question"]] = fixture["answer"]
+    (row,) = _probe(bad)
+    assert row["problems"] and row["problems"][0].startswith("urgent: ")
+    plan = {"instances": [{"name": "d3-mini", "model": "d3-mini", "revision": None}]}
+    assert status_rows(plan, "h", [], [row], "")[0]["health"].startswith("bad answer: urgent: ")
+
+
+def test_the_status_probe_reports_down_and_refused_decisions() -> None:
+    plan = {"instances": [{"name": "d3-mini", "model": "d3-mini", "revision": None}]}
+    down = _probe(None, health=-1)
+    assert down[0]["decision"] is None and status_rows(plan, "h", [], down, "")[0]["health"] == "down (-1)"
+    unauthorized = load("vllm/unauthorized.json")
+    refused = _probe(unauthorized["body"], status=unauthorized["status"])
+    assert refused[0]["problems"] == [] and refused[0]["elapsed_ms"] is None
+    assert status_rows(plan, "h", [], refused, "")[0]["health"] == "no decision (401)"

@@ -1,0 +1,162 @@
+"""Lab tests for the real-stack contracts (issue 8), each on the shared converged lab fleet, each restoring it:
+API key rotation on Debian 12 (podman 4.3, classic units) and Debian 13 (podman 5.4, Quadlet), two instances on
+one GPU (refused above the share cap, started one after the other within it), a lab host restarted with an empty
+/var/run/cdi, and a driver at R570 refused, then accepted with d3_cuda_compat.
+
+The lab is a STAND-IN (lab/README.md): GPUs, driver and vLLM are simulated at the interfaces the roles use."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import labkit
+import pytest
+from labkit import on_host, run_playbook, unit_state
+
+pytestmark = pytest.mark.lab
+
+CONTRACTS = Path(__file__).resolve().parents[1] / "contracts" / "vllm"
+UNAUTHORIZED = json.loads((CONTRACTS / "unauthorized.json").read_text())
+
+
+def suite_of(host: str) -> str:
+    return on_host(host, ". /etc/os-release; echo $VERSION_CODENAME").strip()
+
+
+def hosts_by_suite(host_names: list[str]) -> dict[str, str]:
+    """The first lab host of each Debian suite (odd hosts trixie, even bookworm)."""
+    out: dict[str, str] = {}
+    for host in host_names:
+        out.setdefault(suite_of(host), host)
+    assert {"bookworm", "trixie"} <= set(out), f"the lab needs a bookworm and a trixie host: {out}"
+    return out
+
+
+def ports(host: str) -> list[int]:
+    """The ports of the D3 instances on a host, from its deployed units (podman inspect labels + args)."""
+    found = []
+    for info in labkit.d3_containers(host).values():
+        args = info["Config"]["Cmd"] or info["Args"]
+        found.append(int(args[args.index("--port") + 1]))
+    assert found, f"{host}: no D3 container"
+    return sorted(found)
+
+
+def http(host: str, port: int, path: str, key: str | None = None) -> tuple[int, str]:
+    """(status, body) of a GET from inside the lab host (where vLLM listens on 127.0.0.1)."""
+    header = f"-H 'Authorization: Bearer {key}'" if key else ""
+    out = on_host(host, f"curl -s -o /tmp/body -w '%{{http_code}}' {header} http://127.0.0.1:{port}{path}; echo; cat /tmp/body")
+    status, _, body = out.partition("\n")
+    return int(status), body
+
+
+def converge(limit: str, **extravars: Any) -> labkit.Run:
+    return run_playbook("site.yml", limit=limit, extravars=extravars)
+
+
+def test_api_key_rotates_on_both_podman_generations(converged: list[str]) -> None:
+    hosts = hosts_by_suite(converged)
+    limit = ",".join(sorted(hosts.values()))
+    old, new = "lab-key-one-1f2e3d4c", "lab-key-two-9a8b7c6d"
+    try:
+        first = converge(limit, d3_units_api_key=old)
+        assert first.status == "successful", first.failure_text()
+        for host in hosts.values():
+            port = ports(host)[0]
+            status, body = http(host, port, "/v1/models")
+            assert (status, json.loads(body)) == (UNAUTHORIZED["status"], UNAUTHORIZED["body"]), (host, status, body)
+            assert http(host, port, "/v1/models", old)[0] == 200
+            assert http(host, port, "/health")[0] == 200  # vLLM guards /v1 only
+        rotated = converge(limit, d3_units_api_key=new)
+        assert rotated.status == "successful", rotated.failure_text()
+        for host in hosts.values():
+            for port in ports(host):
+                assert http(host, port, "/v1/models", old)[0] == 401, (host, port)
+                assert http(host, port, "/v1/models", new)[0] == 200, (host, port)
+            assert on_host(host, "stat -c '%a %U' /var/lib/d3/api-key.sha256").split() == ["600", "root"]
+            leaked = on_host(host, f"grep -rl -- '{new}' /etc/systemd/system /etc/containers /var/lib/d3 || true")
+            assert leaked.strip() == "", f"{host}: the key is in {leaked}"
+        again = converge(limit, d3_units_api_key=new)
+        assert again.status == "successful", again.failure_text()
+        for host in hosts.values():
+            assert again.changed(host) == 0, (host, again.changed_tasks(host))
+    finally:
+        restored = converge(limit)
+    assert restored.status == "successful", restored.failure_text()
+    for host in hosts.values():
+        assert on_host(host, "podman secret ls --format '{{.Name}}'").strip() == ""
+        assert http(host, ports(host)[0], "/v1/models")[0] == 200
+
+
+def _lite(name: str, share: str) -> dict[str, Any]:
+    return {"model": "d3-lite", "name": name, "gpus": [0], "extra_args": [f"--gpu-memory-utilization={share}"]}
+
+
+def test_two_instances_on_one_gpu(converged: list[str]) -> None:
+    host = hosts_by_suite(converged)["trixie"]
+    before = unit_state(host)
+    over = converge(host, d3_models=[_lite("lite-a", "0.5"), _lite("lite-b", "0.5")])
+    assert over.status == "failed"
+    assert f"host {host}: d3_models[1] (lite-b): VRAM over budget on GPU 0" in over.failure_text(host)
+    assert "d3_gpu_share_cap" in over.failure_text(host)
+    assert unit_state(host) == before
+    try:
+        shared = converge(host, d3_models=[_lite("lite-a", "0.45"), _lite("lite-b", "0.45")])
+        assert shared.status == "successful", shared.failure_text()
+        unit_b = on_host(host, "cat /etc/containers/systemd/lite-b.container")
+        assert "After=lite-a.service" in unit_b
+        assert "ExecStartPost=/usr/local/libexec/d3-fleet/d3-wait-ready" in on_host(host, "cat /etc/containers/systemd/lite-a.container")
+        smi = on_host(host, "nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits")
+        used, total = (int(x) for x in smi.splitlines()[0].split(",")[1:])
+        assert used >= 0.9 * total * 0.9, f"GPU 0 should hold both shares: {smi}"
+        for port in ports(host):
+            assert http(host, port, "/health")[0] == 200
+    finally:
+        restored = converge(host)
+    assert restored.status == "successful", restored.failure_text()
+
+
+def test_a_restarted_host_serves_again_without_ansible(converged: list[str]) -> None:
+    host = hosts_by_suite(converged)["trixie"]
+    expected = ports(host)
+    assert labkit.podman("stop", "-t", "30", host, timeout=120).returncode == 0
+    started = time.monotonic()
+    assert labkit.podman("start", host, timeout=120).returncode == 0
+
+    def all_ready() -> bool:
+        try:
+            return all(http(host, port, "/health")[0] == 200 for port in expected)
+        except AssertionError:
+            return False
+
+    labkit.wait_until(f"{host}: every instance healthy after the restart", all_ready, timeout=240, poll=2)
+    print(f"\n{host}: boot to all {len(expected)} instance(s) healthy: {time.monotonic() - started:.1f} s")
+    assert on_host(host, "systemctl is-active nvidia-cdi-refresh.service").strip() == "active"
+    assert "nvidia.com/gpu" in on_host(host, "cat /var/run/cdi/nvidia.yaml")
+    assert on_host(host, "systemctl show -p After --value " + " ".join(f"{n}.service" for n in labkit.running(host))).count(
+        "nvidia-cdi-refresh.service"
+    ) == len(labkit.running(host))
+
+
+def test_driver_r570_refused_then_run_in_cuda_compat(converged: list[str]) -> None:
+    host = hosts_by_suite(converged)["trixie"]
+    on_host(host, "/usr/lib/lab-nvidia/lab-nvidia-setup --driver-version 570.195.03")
+    try:
+        before = unit_state(host)
+        refused = converge(host)
+        assert refused.status == "failed"
+        text = refused.failure_text(host)
+        assert f"host {host}: NVIDIA driver 570.195.03 is older than R580" in text, text
+        assert "d3_cuda_compat: true" in text
+        assert unit_state(host) == before
+        compat = converge(host, d3_cuda_compat=True)
+        assert compat.status == "successful", compat.failure_text()
+        for info in labkit.d3_containers(host).values():
+            assert "VLLM_ENABLE_CUDA_COMPATIBILITY=1" in info["Config"]["Env"]
+    finally:
+        on_host(host, "/usr/lib/lab-nvidia/lab-nvidia-setup --driver-version default")
+        restored = converge(host)
+    assert restored.status == "successful", restored.failure_text()

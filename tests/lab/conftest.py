@@ -1,64 +1,62 @@
-"""Shared fixtures for the lab's own tests (tests/lab/, all @pytest.mark.lab).
+"""Shared fixtures for the lab tests (tests/lab/, all @pytest.mark.lab); the helpers are in labkit.py.
 
-The lab is a STAND-IN for a real L4 fleet; these fixtures read what `make lab` generated
-(inventories/lab/) and talk to the lab hosts the way a fleet is reached: SSH as `fleet`.
-"""
+The lab is a STAND-IN for a real L4 fleet; these fixtures read what `make lab` generated (inventories/lab/) and
+talk to the lab hosts the way a fleet is reached: SSH as `fleet`. A missing lab part fails, it does not skip.
+
+Order: the tests that share the converged fleet (`converged`, one site.yml run per session) restore what they
+change; test_rollout moves the fleet to other image tags, so its module runs last."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
+import labkit
 import pytest
-import yaml
+from labkit import LabHost, Run
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB_INVENTORY = ROOT / "inventories" / "lab"
-LAB_GROUP = "l4-nodes"
+SshRunner = Callable[..., subprocess.CompletedProcess[str]]
+LAST_MODULES = ("test_rollout.py",)  # they leave the fleet on another tag: after everything that shares `converged`
 
 
-@dataclass(frozen=True)
-class LabHost:
-    name: str
-    port: int
-    user: str
-    key: str
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name in LAST_MODULES)  # stable: keeps the order within each group
 
 
 @pytest.fixture(scope="session")
 def lab_inventory() -> dict:
-    hosts_file = LAB_INVENTORY / "hosts.yml"
-    if not hosts_file.is_file():
-        pytest.skip("no lab inventory: run `make lab` first")
-    return yaml.safe_load(hosts_file.read_text())
+    return labkit.lab_inventory()
 
 
 @pytest.fixture(scope="session")
 def lab_hosts(lab_inventory: dict) -> list[LabHost]:
-    group = lab_inventory["all"]["children"][LAB_GROUP]
-    gvars = group["vars"]
-    return [
-        LabHost(name, int(hvars["ansible_port"]), gvars["ansible_user"], gvars["ansible_ssh_private_key_file"])
-        for name, hvars in group["hosts"].items()
-    ]
+    hosts = labkit.lab_host_list()
+    assert hosts, "the lab inventory lists no host: run `make lab`"
+    return hosts
 
 
-SshRunner = Callable[..., subprocess.CompletedProcess[str]]
+@pytest.fixture(scope="session")
+def host_names(lab_hosts: list[LabHost]) -> list[str]:
+    return sorted(h.name for h in lab_hosts)
 
 
 @pytest.fixture(scope="session")
 def lab_ssh() -> SshRunner:
     """Run a shell command on a lab host over SSH as the fleet user: lab_ssh(host, "cmd")."""
+    return labkit.ssh
 
-    def run(host: LabHost, command: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        argv = [
-            "ssh", "-i", host.key, "-p", str(host.port),
-            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
-            f"{host.user}@127.0.0.1", command,
-        ]  # fmt: skip
-        return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
 
+@pytest.fixture(scope="session")
+def converge_run(host_names: list[str]) -> Run:
+    """ONE site.yml converge of the whole lab fleet (on the default tag, nightly) per session, shared by every test
+    that needs a converged fleet; those tests restore what they change."""
+    assert len(host_names) >= 2, "the lab needs at least 2 hosts (make lab)"
+    run = labkit.run_playbook("site.yml", limit=labkit.LAB_GROUP)
+    assert run.status == "successful", run.failure_text()
     return run
+
+
+@pytest.fixture
+def converged(converge_run: Run, host_names: list[str]) -> list[str]:
+    """The converged lab hosts (sorted names)."""
+    return host_names

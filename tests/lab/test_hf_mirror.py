@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -21,10 +20,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from labkit import ANSIBLE_ENV, ROOT, VENV_BIN, free_port, recap_changed
 
-REPO = Path(__file__).resolve().parents[2]
-BUILDER = REPO / "lab" / "hf" / "build_repos.py"
-VENV_BIN = Path(sys.executable).parent
+BUILDER = ROOT / "lab" / "hf" / "build_repos.py"
 MODEL_IDS = [f"vllm-sr/{n}" for n in ("d3", "d3-flash", "d3-mini", "d3-nano", "d3-lite", "d3-edge")]
 SHA = re.compile(r"^[0-9a-f]{40}$")
 PROBE_IMAGE = "localhost/d3-lab-hf-probe:latest"  # lab stand-in: busybox wget only
@@ -104,12 +102,6 @@ def test_safetensors_is_real_and_carries_bf16_size() -> None:
 # --- the running mirror (lab) ---------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Mirror:
     def __init__(self, state: Path, port: int, playbook: Path) -> None:
         self.state = state
@@ -123,8 +115,7 @@ class Mirror:
                "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"entry={entry}",
                "-e", f"lab_hf_mirror_state_dir={self.state}", "-e", f"lab_hf_mirror_port={self.port}",
                "-e", f"lab_hf_mirror_venv={Path(sys.prefix)}"]
-        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-        out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(cmd, cwd=ROOT, env=ANSIBLE_ENV, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
         return out.stdout
 
@@ -136,12 +127,6 @@ class Mirror:
 
     def resolve_requests(self, repo: str) -> int:
         return self.log.read_text().count(f" /{repo}/resolve/")
-
-
-def recap_changed(stdout: str) -> int:
-    m = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", stdout)
-    assert m, stdout[-2000:]
-    return int(m.group(1))
 
 
 @pytest.fixture(scope="module")
@@ -288,8 +273,8 @@ def test_download_by_sha_leaves_no_refs_main(mirror: Mirror, tmp_path: Path) -> 
 def test_lab_host_network_reaches_mirror_via_slirp_host_loopback(mirror: Mirror, tmp_path: Path) -> None:
     """A container on slirp4netns with allow_host_loopback reaches the loopback-only mirror as 10.0.2.2."""
     busybox = Path("/bin/busybox")
-    if shutil.which("podman") is None or not busybox.exists():
-        pytest.skip("needs podman and busybox-static")
+    assert shutil.which("podman"), "the lab needs podman"
+    assert busybox.is_file(), "the probe needs busybox-static (/bin/busybox): apt-get install busybox-static"
     root = tmp_path / "rootfs"
     (root / "bin").mkdir(parents=True)
     shutil.copy2(busybox, root / "bin" / "busybox")

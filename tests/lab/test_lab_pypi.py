@@ -8,12 +8,10 @@ production role d3_weights does with `d3_weights_pip_env` pointing at the lab in
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,13 +24,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from labkit import ANSIBLE_ENV, ROOT, VENV_BIN, free_port, recap_changed, sha256, wait_for_port
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "lab" / "roles" / "lab_pypi"
+ROLE = ROOT / "lab" / "roles" / "lab_pypi"
 SCRIPT = ROLE / "files" / "lab_pypi_index.py"
-VENV_BIN = Path(sys.executable).parent
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 HOST_IMAGES = {"trixie": "localhost/d3-lab-host-trixie:latest", "bookworm": "localhost/d3-lab-host-bookworm:latest"}
 HOST_PYTHON = {"trixie": "3.13", "bookworm": "3.11"}
@@ -60,22 +57,6 @@ if PIP_INDEX_URL="$INDEX" PIP_TRUSTED_HOST=lab-apt /opt/hf/bin/pip download -q -
   echo "UNEXPECTED: 2.3.0 found"; exit 1
 fi
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def recap_changed(stdout: str) -> int:
-    m = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=0\s+failed=0", stdout)
-    assert m, stdout[-3000:]
-    return int(m.group(1))
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class Links(HTMLParser):
@@ -117,21 +98,13 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
                                "--directory", str(base / "srv")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         idx = Index(base / "srv" / "pypi", base / "cache", port, [])
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "test http.server did not start"
-                time.sleep(0.1)
-        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+        wait_for_port(port, timeout=10, what="test http.server")
         cmd = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(base / "pypi.yml"),
                "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"lab_pypi_pip={VENV_BIN / 'pip'}",
                "-e", f"lab_pypi_cache_dir={idx.cache}", "-e", f"lab_pypi_root={idx.root}",
                "-e", f"lab_pypi_check_url={idx.url}"]
         for _ in range(2):
-            out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+            out = subprocess.run(cmd, cwd=ROOT, env=ANSIBLE_ENV, capture_output=True, text=True, timeout=600)
             assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
             idx.runs.append(out.stdout)
         yield idx
@@ -217,12 +190,10 @@ def _install_in_host(dist: str, index: Index) -> tuple[str, subprocess.Completed
 
 
 def test_lab_hosts_pip_install_huggingface_hub_from_the_index(index: Index) -> None:
-    if shutil.which("podman") is None:
-        pytest.skip("needs podman")
+    assert shutil.which("podman"), "the lab needs podman"
     missing = [img for img in HOST_IMAGES.values()
                if subprocess.run(["podman", "image", "exists", img], capture_output=True).returncode != 0]
-    if missing:
-        pytest.skip(f"lab host images missing (make lab-images): {missing}")
+    assert not missing, f"lab host images missing (make lab-images): {missing}"
     with ThreadPoolExecutor(max_workers=2) as pool:  # ~50 s for both in parallel (apt ~20-30 s, pip ~20 s)
         results = list(pool.map(lambda d: _install_in_host(d, index), HOST_IMAGES))
     for dist, out, _seconds in results:

@@ -7,29 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from runner_helpers import Run, lab_hosts, on_host, run_playbook
+from labkit import IMAGE, Run, on_host, registry_digest, run_playbook, running
 
 pytestmark = pytest.mark.lab
-
-IMAGE = "docker.io/vllm/vllm-openai"
-
-
-def registry_digest(tag: str) -> str:
-    out = subprocess.run(
-        ["skopeo", "inspect", "--tls-verify=false", "--no-tags", "--format", "{{.Digest}}", f"docker://127.0.0.1:5000/vllm/vllm-openai:{tag}"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return out.stdout.strip()
-
-
-def running(host: str) -> dict[str, tuple[str, str]]:
-    """instance -> (image, start time) of the D3 containers on a lab host."""
-    out = on_host(host, "podman ps --filter label=io.d3-fleet.instance --format '{{.Names}} {{.Image}} {{.StartedAt}}'")
-    return {line.split()[0]: (line.split()[1], line.split()[2]) for line in out.splitlines() if line}
 
 
 def status(tmp_path: Path, tag: str) -> list[dict]:
@@ -39,13 +22,11 @@ def status(tmp_path: Path, tag: str) -> list[dict]:
     return json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def fleet() -> list[str]:
-    hosts = lab_hosts()
-    assert len(hosts) >= 3, "rollout tests need a lab of 3 hosts: make lab LAB_HOSTS=3"
-    base = run_playbook("site.yml", limit="l4-nodes", extravars={"d3_image_name": f"{IMAGE}:nightly"})
-    assert base.status == "successful", base.failure_text()
-    return hosts
+@pytest.fixture
+def fleet(converged: list[str]) -> list[str]:
+    """The session's converged fleet (on the nightly tag); this module runs last (conftest) as it moves the tag."""
+    assert len(converged) >= 3, "rollout tests need a lab of 3 hosts: make lab LAB_HOSTS=3"
+    return converged
 
 
 def role_events(run: Run, role: str) -> list[int]:

@@ -1,0 +1,316 @@
+"""The one helper module for the lab tests (tests/lab/): paths, ports, podman, the lab inventory, the lab hosts,
+ansible-runner and recap parsing. Fixtures built on these live in tests/lab/conftest.py; test modules import
+from here and never from each other.
+
+The lab is a STAND-IN for a real L4 fleet (lab/README.md): every function here reads what `make lab` generated
+or talks to the lab's containers and services. A missing part raises (AssertionError / CalledProcessError):
+under `-m lab` it must fail, not skip."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+import yaml
+
+# --- paths ------------------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+LAB_INVENTORY = ROOT / "inventories" / "lab"
+LAB_GROUP = "l4-nodes"
+LAB_STATE = Path("/var/lib/d3-lab")
+ANSIBLE_ENV = {
+    **os.environ,
+    "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+    "ANSIBLE_NOCOLOR": "1",
+    "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+}
+# ansible-runner starts ansible-playbook from PATH: use the one next to this Python (the project's .venv)
+os.environ["PATH"] = ANSIBLE_ENV["PATH"]
+
+# lab services on the machine's loopback (docs/design.md), by the names lab hosts know them by
+LAB_SERVICES = {"lab-registry": 5000, "lab-apt": 8081, "lab-hf": 8090}
+LAB_REGISTRY = "127.0.0.1:5000"
+IMAGE = "docker.io/vllm/vllm-openai"
+
+
+def venv_tool(name: str) -> str:
+    local = VENV_BIN / name
+    return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- ports ------------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((host, port)) == 0
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 30, poll: float = 0.1) -> Any:
+    """Poll check() until it returns something truthy; fail naming `what` after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(poll)
+
+
+def wait_for_port(port: int, timeout: float = 10, what: str = "") -> None:
+    wait_until(what or f"127.0.0.1:{port} accepting connections", lambda: port_open(port), timeout)
+
+
+# --- podman (on this machine: the lab's containers, images and registry) ----------------------------------------
+
+
+def podman(*args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def podman_json(*args: str) -> Any:
+    proc = podman(*args, timeout=60)
+    assert proc.returncode == 0, f"podman {' '.join(args)}: {proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+def image_exists(ref: str) -> bool:
+    return podman("image", "exists", ref, timeout=60).returncode == 0
+
+
+def registry_digest(tag: str, repo: str = "vllm/vllm-openai") -> str:
+    """The digest the lab registry serves for a tag (what a pull of IMAGE:tag through the mirror resolves to)."""
+    out = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", "--no-tags", "--format", "{{.Digest}}", f"docker://{LAB_REGISTRY}/{repo}:{tag}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, f"lab registry {LAB_REGISTRY} does not serve {repo}:{tag}: {out.stderr}"
+    digest = out.stdout.strip()
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), digest
+    return digest
+
+
+# --- the lab inventory and hosts --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    port: int
+    user: str
+    key: str
+
+
+def lab_inventory() -> dict[str, Any]:
+    hosts_file = LAB_INVENTORY / "hosts.yml"
+    assert hosts_file.is_file(), f"no lab inventory ({hosts_file}): run `make lab` first"
+    return yaml.safe_load(hosts_file.read_text())
+
+
+def lab_host_list() -> list[LabHost]:
+    """The lab hosts with their SSH access, in inventory order (d3-lab-host1, d3-lab-host2, ...)."""
+    group = lab_inventory()["all"]["children"][LAB_GROUP]
+    gvars = group["vars"]
+    return [
+        LabHost(name, int(hvars["ansible_port"]), gvars["ansible_user"], gvars["ansible_ssh_private_key_file"])
+        for name, hvars in group["hosts"].items()
+    ]
+
+
+def lab_hosts() -> list[str]:
+    """The lab host names, sorted."""
+    return sorted(h.name for h in lab_host_list())
+
+
+def host_vars(host: str) -> dict[str, Any]:
+    path = LAB_INVENTORY / "host_vars" / f"{host}.yml"
+    assert path.is_file(), f"{path} is missing: run `make lab`"
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def ssh(host: LabHost, command: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run a shell command on a lab host over SSH as the fleet user (the way a fleet is reached)."""
+    argv = [
+        "ssh", "-i", host.key, "-p", str(host.port),
+        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
+        f"{host.user}@127.0.0.1", command,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
+
+
+def on_host(host: str, script: str, check: bool = True) -> str:
+    """Run a shell script inside a lab host container (the lab's own access, not the roles')."""
+    proc = subprocess.run(["podman", "exec", host, "sh", "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{host}: {script!r} failed (rc {proc.returncode}): {proc.stderr}")
+    return proc.stdout
+
+
+# What a unit change alters on a host. Read from real fields (podman inspect, stat, sha256sum); any error raises.
+_UNIT_FILES = r"""
+set -eu
+for f in /etc/containers/systemd/*.container /etc/systemd/system/*.service; do
+  [ -f "$f" ] || continue
+  if grep -q io.d3-fleet.instance= "$f"; then
+    printf '%s %s %s\n' "$f" "$(sha256sum < "$f" | cut -d' ' -f1)" "$(stat -c %.9Y "$f")"
+  fi
+done
+"""
+
+
+def d3_containers(host: str) -> dict[str, dict[str, Any]]:
+    """name -> podman inspect of every D3 container on a lab host (running or not); raises on any podman error."""
+    ids = on_host(host, "podman ps -a -q --no-trunc --filter label=io.d3-fleet.instance").split()
+    if not ids:
+        return {}
+    return {c["Name"]: c for c in json.loads(on_host(host, "podman inspect " + " ".join(ids)))}
+
+
+def unit_state(host: str) -> dict[str, Any]:
+    """What a unit change would alter on a host: every D3 unit file (path -> sha256, mtime) and every D3 container
+    (name -> id, image id, image name with digest, state, StartedAt). Raises when podman or a file read fails."""
+    state: dict[str, Any] = {}
+    for line in on_host(host, _UNIT_FILES).splitlines():
+        path, digest, mtime = line.split()
+        state[path] = {"sha256": digest, "mtime": mtime}
+    for name, info in d3_containers(host).items():
+        state[f"ctr:{name}"] = {
+            "id": info["Id"],
+            "image_id": info["Image"],
+            "image_name": info["ImageName"],
+            "status": info["State"]["Status"],
+            "started_at": info["State"]["StartedAt"],
+        }
+    return state
+
+
+def running(host: str) -> dict[str, tuple[str, str]]:
+    """instance -> (image, start time) of the running D3 containers on a lab host."""
+    return {
+        name: (info["ImageName"], info["State"]["StartedAt"])
+        for name, info in d3_containers(host).items()
+        if info["State"]["Status"] == "running"
+    }
+
+
+# --- ansible-runner and recap parsing ---------------------------------------------------------------------------
+
+TASK_EVENTS = ("runner_on_ok", "runner_on_failed")
+
+
+@dataclass
+class Run:
+    status: str
+    rc: int
+    stats: dict[str, Any]
+    events: list[dict[str, Any]]
+    stdout: str
+
+    def results(self, host: str | None = None) -> list[dict[str, Any]]:
+        """event_data of every task result (ok or failed, not skipped), optionally of one host."""
+        return [
+            e["event_data"]
+            for e in self.events
+            if e.get("event") in TASK_EVENTS and (host is None or e["event_data"].get("host") == host)
+        ]
+
+    def failures(self, host: str | None = None) -> list[dict[str, Any]]:
+        return [
+            e["event_data"]
+            for e in self.events
+            if e.get("event") == "runner_on_failed" and (host is None or e["event_data"].get("host") == host)
+        ]
+
+    def failure_text(self, host: str | None = None) -> str:
+        return "\n".join(json.dumps(f.get("res", {}).get("msg", f.get("res"))) for f in self.failures(host))
+
+    def tasks_run(self, host: str) -> list[str]:
+        """Names of tasks that ran (ok, changed or failed, not skipped) on the host."""
+        return [d["task"] for d in self.results(host)]
+
+    def roles_run(self, host: str) -> list[str]:
+        """The role of every task that ran on the host (ansible-runner's own 'role' field; '' for play tasks)."""
+        return [d.get("role") or "" for d in self.results(host)]
+
+    def changed_tasks(self, host: str) -> list[str]:
+        return [d["task"] for d in self.results(host) if (d.get("res") or {}).get("changed")]
+
+    def changed(self, host: str) -> int:
+        return int(self.stats.get("changed", {}).get(host, 0))
+
+    def failed(self, host: str) -> int:
+        return int(self.stats.get("failures", {}).get(host, 0))
+
+
+def run_playbook(
+    playbook: str,
+    limit: str | None = None,
+    extravars: dict[str, Any] | None = None,
+    cmdline: str | None = None,
+    inventory: Path = LAB_INVENTORY,
+    timeout: int = 1800,
+) -> Run:
+    with tempfile.TemporaryDirectory(prefix="d3-runner-") as pdd:
+        result = ansible_runner.run(
+            private_data_dir=pdd,
+            project_dir=str(ROOT),
+            playbook=playbook,
+            inventory=str(inventory),
+            limit=limit,
+            extravars=extravars or {},
+            cmdline=cmdline,
+            envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+            quiet=True,
+            timeout=timeout,
+            suppress_env_files=True,
+        )
+        events = list(result.events)
+        return Run(result.status, result.rc, result.stats or {}, events, result.stdout.read())
+
+
+def recap(stdout: str, host: str = "localhost") -> dict[str, int]:
+    """One host's PLAY RECAP counters (ok, changed, unreachable, failed, skipped, rescued, ignored)."""
+    m = re.search(rf"^{re.escape(host)}\s*:\s*((?:\w+=\d+\s*)+)$", stdout, re.M)
+    assert m, f"no PLAY RECAP line for {host}:\n{stdout[-3000:]}"
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+
+
+def recap_changed(stdout: str, host: str = "localhost") -> int:
+    """changed= of a host's PLAY RECAP line; asserts the run had no unreachable or failed task."""
+    counts = recap(stdout, host)
+    assert counts["unreachable"] == 0 and counts["failed"] == 0, stdout[-3000:]
+    return counts["changed"]
+
+
+def ansible_playbook(*args: str, timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook from the venv with the project's ansible.cfg (output uncoloured)."""
+    return subprocess.run(
+        [venv_tool("ansible-playbook"), *args], capture_output=True, text=True, env=ANSIBLE_ENV, cwd=cwd, timeout=timeout, check=False
+    )

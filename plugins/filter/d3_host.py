@@ -31,16 +31,24 @@ def upstream_version(debian_version: str) -> str:
 
 def download_bytes(result: dict[str, Any], catalog: dict[str, Any]) -> int:
     """Bytes one model still needs, from a Hub ``/api/models/REPO/tree/SHA/?recursive=true`` answer (a registered
-    uri loop item: a list of {type, path, size}); the catalog's ``download_gb`` when the Hub gave no sizes."""
+    uri loop item: a list of {type, path, size}); when the Hub gave no sizes, the planned instance's
+    ``download_bytes`` (its variant's download_gb), else the catalog's ``download_gb`` for the repository (a size's
+    own or one of its variants')."""
     tree = result.get("json")
     entries = tree if isinstance(tree, list) else []
     sizes = [e.get("size") for e in entries if isinstance(e, dict) and e.get("type") == "file"]
     if sizes and all(isinstance(s, int) for s in sizes):
         return sum(sizes)
-    repo = result["item"]["item"]["hf_repo"]
+    instance = result["item"]["item"]
+    if isinstance(instance.get("download_bytes"), int):  # the planned variant's size (d3_plan)
+        return int(instance["download_bytes"])
+    repo = instance["hf_repo"]
     for entry in catalog.values():
         if entry["hf_repo"] == repo:
             return int(float(entry["download_gb"]) * 1e9)
+        for variant in (entry.get("variants") or {}).values():
+            if (variant or {}).get("hf_repo") == repo:
+                return int(float(variant.get("download_gb", entry["download_gb"])) * 1e9)
     raise ValueError(f"{repo} is not in the catalog")
 
 

@@ -48,7 +48,12 @@ BOOLEAN_FLAGS = {
 FLAG_ALIASES = {"-tp": "--tensor-parallel-size"}
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
-ITEM_KEYS = {"model", "gpus", "port", "name", "extra_args", "env"}
+ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "extra_args", "env"}
+# Compute capability of GPUs known by name, for a variant's min_compute_capability when nvidia-smi's compute_cap is
+# not in the GPU list (declared GPUs): the L4 is Ada Lovelace, sm_89 (domain-facts 9).
+KNOWN_COMPUTE_CAPABILITY = {"L4": 8.9}
+# The field report's fixed vision-encoder probe at CUDA graph capture (skipped by --enforce-eager), decimal GB.
+ENCODER_PROBE_GB = 18.4
 
 
 class PlanError(ValueError):
@@ -168,6 +173,9 @@ class _Planner:
         if not NAME_RE.match(name):
             self.refuse(where, f"name {name!r} is not a valid unit name", "use lowercase letters, digits and '-'")
             return None
+        variant = self.variant(pos, where, model, entry, item.get("variant"))
+        if variant is None:
+            return None
 
         try:
             pairs = split_args(list(item.get("extra_args") or []))
@@ -175,10 +183,10 @@ class _Planner:
             self.refuse(where, f"d3_models[{pos}].extra_args: {exc}", "write each flag as '--flag=value'")
             return None
         flags: dict[str, str | None] = {
-            "--tensor-parallel-size": str(entry["tensor_parallel_size"]),
-            "--max-model-len": str(entry["max_model_len"]),
-            "--gpu-memory-utilization": _fmt(float(entry["gpu_memory_utilization"])),
-            "--quantization": str(self.common["quantization"]),
+            "--tensor-parallel-size": str(variant["tensor_parallel_size"]),
+            "--max-model-len": str(variant["max_model_len"]),
+            "--gpu-memory-utilization": _fmt(float(variant["gpu_memory_utilization"])),
+            "--quantization": variant["quantization_flag"],
         }
         eager = bool(self.common["enforce_eager"])
         extra: list[tuple[str, str | None]] = []
@@ -197,6 +205,18 @@ class _Planner:
             else:
                 extra.append((flag, value))
 
+        quant = flags["--quantization"]
+        if variant["pre_quantized"] and quant is not None and quant != variant["quant_method"]:
+            # vLLM ModelConfig._verify_quantization (vllm/config/model.py): the checkpoint's quant_method wins
+            self.refuse(
+                where,
+                f"variant {variant['name']!r} ({variant['hf_repo']}) is a pre-quantized checkpoint "
+                f"(quant_method {variant['quant_method'] or 'set by the checkpoint'}); with --quantization {quant} vLLM "
+                f"refuses to start: 'Quantization method specified in the model config ({variant['quant_method']}) "
+                f"does not match the quantization method specified in the `quantization` argument ({quant}).'",
+                f"remove --quantization from d3_models[{pos}].extra_args (vLLM reads it from the checkpoint)",
+            )
+            return None
         kv = dict(extra).get("--kv-cache-dtype")
         if kv is not None and kv in self.common["forbidden_kv_cache_dtypes"]:
             self.refuse(
@@ -233,7 +253,7 @@ class _Planner:
             self.refuse(where, f"--gpu-memory-utilization {util} is outside (0, 1]", "use a fraction such as 0.45")
             return None
 
-        weights_mib = mib_of_gb(float(entry["weights_fp8_gb"]))
+        weights_mib = mib_of_gb(float(variant["weights_gb"]))
         per_gpu_need = -(-weights_mib // tp) + int(self.opt.vram_overhead_mib)
         min_mem = min((int(g["memory_total_mib"]) for g in self.gpus), default=0)
         if self.gpus and per_gpu_need > min_mem * util:
@@ -244,10 +264,34 @@ class _Planner:
             hint = f"use --tensor-parallel-size {smallest}" if smallest else "pick a smaller model"
             self.refuse(
                 where,
-                f"{model} does not fit: needs {per_gpu_need} MiB per GPU (weights {weights_mib} MiB / TP {tp} "
-                f"+ {self.opt.vram_overhead_mib} MiB runtime) but --gpu-memory-utilization {_fmt(util)} of "
+                f"{model}{variant['label']} does not fit: needs {per_gpu_need} MiB per GPU (weights {weights_mib} MiB "
+                f"/ TP {tp} + {self.opt.vram_overhead_mib} MiB runtime) but --gpu-memory-utilization {_fmt(util)} of "
                 f"{min_mem} MiB allows {int(min_mem * util)} MiB",
                 f"raise --gpu-memory-utilization in d3_models[{pos}].extra_args or {hint}",
+            )
+            return None
+        # True: the field report ran this variant at this TP on L4s; False: nobody did (a chosen variant, or the
+        # default at another TP); None: a default recipe the field report's sizing table lists without a run
+        measured: bool | None = bool(self.gpus) and all(self.is_l4(g) for g in self.gpus) and tp in variant["measured_on_l4_tp"]
+        if not measured and not variant["chosen"] and not variant["measured_on_l4_tp"]:
+            measured = None
+        # the encoder probe counts for a variant other than the size's default (nobody ran those on an L4); the
+        # default recipe keeps d3_allow_cuda_graphs as the operator's acknowledgement
+        arithmetic = self.arithmetic(entry, weights_mib, tp, max_len, eager, bool(measured) or not variant["chosen"])
+        if self.gpus and arithmetic["total_mib"] > min_mem * util:
+            parts = (
+                f"weights {arithmetic['weights_mib']} + runtime {arithmetic['runtime_mib']} + KV cache "
+                f"{arithmetic['kv_cache_mib']} for --max-model-len {max_len}"
+            )
+            if arithmetic["encoder_probe_mib"]:
+                parts += f" + encoder probe {arithmetic['encoder_probe_mib']} (CUDA graph capture without --enforce-eager)"
+            self.refuse(
+                where,
+                f"{model}{variant['label']} does not fit: needs {arithmetic['total_mib']} MiB per GPU at TP {tp} "
+                f"({parts}) but --gpu-memory-utilization {_fmt(util)} of {min_mem} MiB allows {int(min_mem * util)} MiB",
+                f"lower --max-model-len or raise --tensor-parallel-size in d3_models[{pos}].extra_args"
+                + ("" if eager else ", or keep --enforce-eager")
+                + (", or pick a smaller variant" if variant["choices"] > 1 else ""),
             )
             return None
 
@@ -256,25 +300,31 @@ class _Planner:
         env["HF_HUB_OFFLINE"] = "1"
         if self.opt.cuda_compat:
             env["VLLM_ENABLE_CUDA_COMPATIBILITY"] = "1"
-        revision = self.opt.revisions.get(model)
+        # d3_model_revisions is keyed by the variant's repository name ("d3", "d3-FP8"); the full repository id
+        # ("vllm-sr/d3-FP8") is accepted too. A default variant's repository name is the model id.
+        key = variant["revision_key"]
+        revision = self.opt.revisions.get(variant["hf_repo"], self.opt.revisions.get(key))
+        record = (
+            f" (vllm-sr v3.1.0 record: {entry['release_revision_short']}...)" if variant["hf_repo"] == entry["hf_repo"] else ""
+        )
         if revision is not None and not SHA_RE.match(str(revision)):
             self.refuse(
                 where,
-                f"d3_model_revisions['{model}'] = {revision!r} is not a 40-hex commit SHA",
+                f"d3_model_revisions['{key}'] = {revision!r} is not a 40-hex commit SHA",
                 "pin the full commit SHA from the Hub (a branch or tag can move)",
             )
         elif revision is None and self.opt.require_revisions:
             self.refuse(
                 where,
-                f"no pinned revision for {model}",
-                f"set d3_model_revisions['{model}'] to the full commit SHA (vllm-sr v3.1.0 record: "
-                f"{entry['release_revision_short']}...)",
+                f"no pinned revision for {key}" + ("" if key == model else f" ({model} variant {variant['name']})"),
+                f"set d3_model_revisions['{key}'] to the full commit SHA of {variant['hf_repo']}{record}",
             )
         return {
             "pos": pos,
             "name": name,
             "model": model,
-            "hf_repo": entry["hf_repo"],
+            "variant": variant,
+            "hf_repo": variant["hf_repo"],
             "revision": revision,
             "tp": tp,
             "max_model_len": max_len,
@@ -283,11 +333,116 @@ class _Planner:
             "eager": eager,
             "extra": extra,
             "env": env,
-            "shm_size": entry["shm_size"],
+            "shm_size": variant["shm_size"],
             "weights_mib": weights_mib,
             "need_mib": per_gpu_need,
+            "arithmetic": arithmetic,
+            "measured": measured,
             "gpus_wanted": item.get("gpus"),
             "port_wanted": item.get("port"),
+        }
+
+    # -- variants ---------------------------------------------------------------------------------
+    @staticmethod
+    def is_l4(gpu: dict[str, Any]) -> bool:
+        return "L4" in str(gpu["name"]).split()
+
+    @staticmethod
+    def compute_capability(gpu: dict[str, Any]) -> float | None:
+        raw = gpu.get("compute_cap")
+        if raw not in (None, ""):
+            try:
+                return float(str(raw))
+            except ValueError:
+                return None
+        for word in str(gpu["name"]).split():
+            if word in KNOWN_COMPUTE_CAPABILITY:
+                return KNOWN_COMPUTE_CAPABILITY[word]
+        return None
+
+    def variant(
+        self, pos: int, where: str, model: str, entry: dict[str, Any], wanted: Any
+    ) -> dict[str, Any] | None:
+        """The instance's checkpoint variant with every field resolved (the size's own values where it has none);
+        refuses a variant that does not exist or does not apply to the host's GPUs."""
+        variants = entry.get("variants") or {}
+        name = wanted if wanted is not None else entry.get("default_variant")
+        if name is None and not variants:  # a catalog entry without variants: the size's own checkpoint
+            raw: dict[str, Any] = {}
+        elif name not in variants:
+            self.refuse(
+                where,
+                f"{model} has no variant {name!r}",
+                f"set d3_models[{pos}].variant to one of: {', '.join(variants) or 'none'} (or leave it out for "
+                f"{entry.get('default_variant')})",
+            )
+            return None
+        else:
+            raw = dict(variants[name] or {})
+        hf_repo = str(raw.get("hf_repo", entry["hf_repo"]))
+        quant_method = raw.get("quant_method")
+        flag = raw["quantization_flag"] if "quantization_flag" in raw else self.common["quantization"]
+        resolved = {
+            "name": name or "default",
+            "label": "" if wanted is None else f" variant {name}",
+            "chosen": name != entry.get("default_variant"),
+            "choices": len(variants),
+            "hf_repo": hf_repo,
+            "revision_key": hf_repo.rsplit("/", 1)[-1],
+            "weights_gb": raw.get("weights_gb", entry["weights_fp8_gb"]),
+            "download_gb": raw.get("download_gb", entry["download_gb"]),
+            "quant_method": quant_method,
+            "pre_quantized": bool(raw.get("pre_quantized", quant_method is not None)),
+            "quantization_flag": None if flag is None else str(flag),
+            "measured_on_l4_tp": [int(t) for t in raw.get("measured_on_l4_tp") or []],
+        }
+        for key in ("tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "shm_size"):
+            resolved[key] = raw.get(key, entry[key])
+        need = raw.get("min_compute_capability")
+        if need is not None:
+            for gpu in self.gpus:
+                have = self.compute_capability(gpu)
+                if have is None or have < float(need):
+                    self.refuse(
+                        where,
+                        f"variant {name!r} ({hf_repo}) needs compute capability {need}"
+                        + (f" ({raw['requires']})" if raw.get("requires") else "")
+                        + f"; GPU {gpu['index']} is a {gpu['name']}"
+                        + (f" (compute capability {have})" if have is not None else " (compute capability unknown)"),
+                        f"choose another variant for d3_models[{pos}].variant: "
+                        + ", ".join(
+                            v
+                            for v, spec in variants.items()
+                            if (spec or {}).get("min_compute_capability") is None
+                            or (have is not None and have >= float((spec or {})["min_compute_capability"]))
+                        ),
+                    )
+                    return None
+        return resolved
+
+    def arithmetic(
+        self, entry: dict[str, Any], weights_mib: int, tp: int, max_len: int, eager: bool, no_probe: bool
+    ) -> dict[str, int]:
+        """Per-GPU memory an instance needs: its weights share, the runtime overhead, the bf16 KV cache of the
+        full-attention layers for --max-model-len (GDN state sits in the runtime overhead) and, unless no_probe, the
+        field report's fixed 18.4 GB encoder probe when CUDA graphs are captured (without --enforce-eager)."""
+        shape = entry.get("kv_cache") or {}
+        kv_mib = 0
+        if shape:
+            per_token = (
+                2 * int(shape["full_attention_layers"]) * -(-int(shape["num_key_value_heads"]) // tp)
+                * int(shape["head_dim"]) * 2
+            )  # fmt: skip
+            kv_mib = -(-per_token * max_len // MIB)
+        probe_mib = 0 if eager or no_probe else mib_of_gb(ENCODER_PROBE_GB)
+        weights = -(-weights_mib // tp)
+        runtime = int(self.opt.vram_overhead_mib)
+        return {
+            "weights_mib": weights,
+            "runtime_mib": runtime,
+            "kv_cache_mib": kv_mib,
+            "encoder_probe_mib": probe_mib,
+            "total_mib": weights + runtime + kv_mib + probe_mib,
         }
 
     # -- GPU placement --------------------------------------------------------------------------
@@ -404,7 +559,8 @@ class _Planner:
             args += ["--revision", inst["revision"]]
         args += ["--served-model-name", inst["name"], "--host", self.opt.listen_address, "--port", str(inst["port"])]
         for flag in CATALOG_FLAGS:
-            args += [flag, str(inst["flags"][flag])]
+            if inst["flags"][flag] is not None:  # a pre-quantized variant gets no --quantization
+                args += [flag, str(inst["flags"][flag])]
         if inst["eager"]:
             args.append("--enforce-eager")
         for flag, value in inst["extra"]:
@@ -427,6 +583,17 @@ class _Planner:
             "shm_size": inst["shm_size"],
             "weights_mib": inst["weights_mib"],
             "vram_need_mib_per_gpu": inst["need_mib"],
+            "variant": inst["variant"]["name"],
+            "quant_method": inst["variant"]["quant_method"],
+            "download_bytes": int(float(inst["variant"]["download_gb"]) * 1e9),
+            "vram_arithmetic_mib_per_gpu": inst["arithmetic"],
+            "measured_on_hardware": inst["measured"],
+            "hardware_note": {
+                True: "the field report ran this recipe on L4 hardware",
+                None: "the field report's sizing table lists this size on one L4 (no run of it is recorded)",
+                False: f"{inst['model']} {inst['variant']['name']} at TP {inst['tp']} on "
+                f"{self.gpus[0]['name'] if self.gpus else 'no GPU'} is planned from the arithmetic only",
+            }[inst["measured"]],
             # where the host itself reaches the instance (0.0.0.0 / :: bind every address, loopback among them)
             "health_url": f"http://{self.connect_host()}:{inst['port']}/health",
             "start_after": inst.get("start_after", []),
@@ -578,6 +745,15 @@ def d3_plan_report(plan: dict[str, Any], image: str = "IMAGE") -> list[str]:
             f"{','.join(str(g) for g in i['gpus'])}, port {i['port']}, unit {i['unit']}.service, "
             f"needs {i['vram_need_mib_per_gpu']} MiB/GPU"
         )
+        if i.get("variant") not in (None, "default"):
+            a = i["vram_arithmetic_mib_per_gpu"]
+            lines.append(
+                f"  variant {i['variant']} ({i['quant_method'] or 'no quantization_config'}), download "
+                f"{i['download_bytes'] / 1e9:.1f} GB; per GPU: weights {a['weights_mib']} + runtime {a['runtime_mib']} "
+                f"+ KV cache {a['kv_cache_mib']} + encoder probe {a['encoder_probe_mib']} = {a['total_mib']} MiB"
+            )
+        if i.get("measured_on_hardware") is False:
+            lines.append(f"  NOT YET MEASURED ON HARDWARE: {i['hardware_note']}")
         lines.append("  " + d3_command_line(i, image))
     for g in plan["gpus"]:
         users = ", ".join(f"{b['instance']} {b['budget_mib']} MiB" for b in g["budget"]) or "idle"

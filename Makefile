@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint unit lab-tests test plan lab lab-images lab-down demo molecule clean
+.PHONY: help venv lint unit lab-tests test plan lab lab-images lab-down demo molecule mutation clean
 
 help:
 	@echo "make demo      bring up the lab and run site.yml against it"
@@ -16,6 +16,7 @@ help:
 	@echo "make plan INVENTORY=inventories/example   print the placement plan"
 	@echo "make lab [LAB_HOSTS=N] / make lab-down   start / remove the simulated L4 lab"
 	@echo "make lab-images / lab-tests / molecule   the lab's images / pytest -m lab / molecule test --all"
+	@echo "make mutation  mutmut on plugins/filter + the collection's modules: score per file, survivors (~4 min)"
 
 $(VENV)/.installed: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,6 +65,14 @@ test: lint unit
 	$(MAKE) lab LAB_HOSTS=$(TEST_LAB_HOSTS)
 	$(MAKE) lab-tests
 	$(MAKE) molecule LAB_HOSTS=$(TEST_LAB_HOSTS)
+
+# Mutation testing (not part of make test): stages the sources in build/mutation/, see tools/mutation.py.
+$(VENV)/.mutation-installed: $(VENV)/.installed requirements-mutation.txt
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-mutation.txt
+	touch $@
+
+mutation: $(VENV)/.mutation-installed
+	$(BIN)/python tools/mutation.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -10,8 +10,12 @@ Nothing here is a real model. Each repository under ``<mirrors>/models/vllm-sr/<
 
 Files per revision: ``config.json`` (the D3 architecture on the Qwen3.5 backbone), ``decision_config.json``,
 ``README.md`` (model card saying it is a lab stand-in) and ``model.safetensors``: a real safetensors file with
-one tiny tensor whose ``__metadata__`` carries ``d3_lab_simulated_bytes`` = the BF16 size of the real weights,
-for the vLLM simulator's memory arithmetic (see docs/design.md, "HF mirror").
+one tiny tensor whose ``__metadata__`` carries ``d3_lab_simulated_bytes`` = the size of the real checkpoint's
+weights (BF16 for the six sizes), for the vLLM simulator's memory arithmetic (see docs/design.md, "HF mirror").
+
+Checkpoint variants (VARIANTS; roles/d3/vars/main.yml ``variants``) are served the same way, e.g.
+``vllm-sr/d3-FP8``: the base size's config.json plus the ``quantization_config`` shape of the real checkpoint
+(compressed-tensors, as its model card says), and the real checkpoint's size in the metadata.
 
 Usage: build_repos.py --mirrors DIR [--revisions-file FILE]
 Prints one JSON object: {"changed": bool, "revisions": {id: sha}, "previous": {id: sha}}.
@@ -71,6 +75,56 @@ MODELS: dict[str, Spec] = {
     "d3-edge": Spec(614_000_000, "Qwen/Qwen3.5-0.8B (cut to 12 layers)", 12, 1024, 8, 2, 3584),
 }
 
+
+@dataclass(frozen=True)
+class Variant:
+    """A pre-quantized checkpoint of a size: its base size, the real checkpoint's bytes (model card) and the
+    quantization_config its config.json carries (what vLLM detects; roles/d3/vars/main.yml quotes vLLM)."""
+
+    base: str
+    checkpoint_bytes: int
+    quantization_config: dict[str, object]
+    card: str
+
+
+def _compressed_tensors(weights: dict[str, object], inputs: dict[str, object] | None, fmt: str,
+                        ignore: list[str]) -> dict[str, object]:
+    """The shape llm-compressor writes into config.json for a compressed-tensors checkpoint (quant_method,
+    format, config_groups with weights / input_activations, ignore, quantization_status). The real checkpoints'
+    exact ignore lists were not read (UNCONFIRMED); the card says the Gated DeltaNet input projections stay BF16."""
+    base_args = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None,
+                 "observer": "minmax", "observer_kwargs": {}, "symmetric": True}
+    return {
+        "config_groups": {"group_0": {
+            "input_activations": None if inputs is None else {**base_args, "observer": None, **inputs},
+            "output_activations": None,
+            "targets": ["Linear"],
+            "weights": {**base_args, **weights},
+        }},
+        "format": fmt,
+        "global_compression_ratio": None,
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+    }
+
+
+_IGNORE = ["lm_head", "score", "re:.*visual.*", "re:.*linear_attn.in_proj.*"]
+
+# Sources: huggingface.co/vllm-sr/d3-FP8 ("FP8 W8A8 (compressed-tensors float-quantized, FP8_DYNAMIC)", 31.9 GB) and
+# huggingface.co/vllm-sr/d3-W4A16-AWQ ("compressed-tensors pack-quantized int4, group 128", 16.2 GB), domain-facts
+# 1.1. The NVFP4 variants are not served: the planner refuses them on L4 (Blackwell FP4 tensor cores only).
+VARIANTS: dict[str, Variant] = {
+    "d3-FP8": Variant("d3", 31_900_000_000, _compressed_tensors(
+        {"num_bits": 8, "type": "float", "strategy": "channel"},
+        {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+        "float-quantized", _IGNORE), "FP8 W8A8 (compressed-tensors float-quantized, FP8_DYNAMIC)"),
+    "d3-W4A16-AWQ": Variant("d3", 16_200_000_000, _compressed_tensors(
+        {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+        None, "pack-quantized", _IGNORE), "W4A16 (compressed-tensors pack-quantized int4, group 128)"),
+}
+
 BF16_BYTES_PER_PARAM = 2
 FULL_ATTENTION_INTERVAL = 4  # Qwen3.5 GDN hybrid: every 4th layer is full attention (field report)
 MAX_POSITION_EMBEDDINGS = 262144  # "All models have max_position_embeddings: 262144" (field report)
@@ -84,11 +138,16 @@ AUTHOR = ("D3 Lab Stand-in", "lab-stand-in@d3-fleet.invalid")
 
 
 def simulated_bytes(name: str) -> int:
-    """BF16 size of the real model's weights."""
+    """Size of the real checkpoint's weights: BF16 for a size, the model card's size for a variant."""
+    if name in VARIANTS:
+        return VARIANTS[name].checkpoint_bytes
     return MODELS[name].params * BF16_BYTES_PER_PARAM
 
 
 def config_json(name: str) -> dict[str, object]:
+    if name in VARIANTS:
+        v = VARIANTS[name]
+        return {**config_json(v.base), "quantization_config": v.quantization_config}
     s = MODELS[name]
     layer_types = [
         "full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
@@ -134,6 +193,16 @@ def decision_config_json(name: str, release: str) -> dict[str, object]:
 
 
 def readme(name: str, release: str) -> str:
+    if name in VARIANTS:
+        v = VARIANTS[name]
+        return (
+            "---\nlicense: apache-2.0\npipeline_tag: zero-shot-classification\n"
+            "tags: [decision-model, system-one, lab-stand-in]\n---\n"
+            f"# {ORG}/{name} (LAB STAND-IN, {release})\n\n"
+            "This repository is a **lab stand-in** built by d3-fleet's `lab/hf/build_repos.py`. It holds no real\n"
+            f"weights: `model.safetensors` has one tiny tensor, and its metadata records the size of the real {name}\n"
+            f"checkpoint ({v.checkpoint_bytes / 1e9:.1f} GB, {v.card}); config.json carries its quantization_config.\n"
+        )
     s = MODELS[name]
     return (
         "---\nlicense: apache-2.0\npipeline_tag: zero-shot-classification\n"
@@ -244,7 +313,7 @@ def build_all(mirrors: Path, revisions_file: Path | None) -> dict[str, object]:
     changed = False
     revisions: dict[str, str] = {}
     previous: dict[str, str] = {}
-    for name in MODELS:
+    for name in [*MODELS, *VARIANTS]:
         target = org_dir / name
         with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=org_dir) as tmp:
             fresh = Path(tmp) / "repo.git"

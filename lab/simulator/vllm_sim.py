@@ -14,7 +14,9 @@ reachable). It reproduces the observable behaviour the fleet automation depends 
 
 Memory model (per GPU, GiB; checked in vLLM's order, each failure exits 1 with vLLM's exception text):
   budget  = --gpu-memory-utilization x memory.total (nvidia-smi); free (total - used) must cover it
-  weights = d3_lab_simulated_bytes (BF16, safetensors __metadata__) / 2 if --quantization fp8, / TP
+  weights = d3_lab_simulated_bytes (the checkpoint's bytes, safetensors __metadata__) / TP, halved by --quantization
+            fp8 on a BF16 checkpoint (online FP8); a pre-quantized checkpoint (config.json quantization_config, see
+            checkpoint_quantization) counts as it is, and --quantization that disagrees with it is refused like vLLM
   weights + RUNTIME_OVERHEAD_GIB (1.5) must fit the budget      -> torch.OutOfMemoryError
   KV      = max_model_len x 2 (K,V) x full-attention layers (1 in 4) x ceil(kv_heads / TP) x head_dim
             x (1 byte for fp8*, else 2) must fit budget - weights - overhead -> ValueError (max seq len)
@@ -380,7 +382,8 @@ class Model:
     repo: str
     snapshot: Path
     config: dict[str, Any]
-    bf16_bytes: int
+    bf16_bytes: int  # the checkpoint's weight bytes (BF16 for the six sizes; quantized for a variant)
+    quant_method: str | None = None  # detected from config.json (checkpoint_quantization)
 
 
 def hf_hub_dir() -> Path:
@@ -448,6 +451,60 @@ def load_model(repo: str, revision: str | None) -> Model:
         else:  # no lab metadata: the real tensor bytes
             total += max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
     return Model(repo, snap, config, total)
+
+
+class QuantizationMismatch(Exception):
+    """vLLM's ModelConfig validation error (raised in the API server process, before any engine starts)."""
+
+
+def checkpoint_quantization(config: dict[str, Any]) -> tuple[bool, str | None]:
+    """(has a quantization config, its quant_method) like vLLM's ModelConfig (vllm-project/vllm vllm/config/model.py,
+    commit 0052a5b8): `_parse_quant_hf_config` reads config.json's `quantization_config`, else `compression_config`
+    (compressed-tensors), else the multimodal `text_config`'s; `_verify_quantization` then takes
+        quant_method = quant_cfg.get("quant_method", "").lower()
+        quant_method = quant_method.replace("compressed_tensors", "compressed-tensors")
+        ...
+        quant_method = quant_method if quant_method != "" else None
+    (vLLM's per-method overrides, e.g. awq -> awq_marlin, are not simulated: the lab's checkpoints are
+    compressed-tensors, which vLLM keeps as it is)."""
+    def parse(cfg: dict[str, Any]) -> Any:
+        quant = cfg.get("quantization_config")
+        return cfg.get("compression_config") if quant is None else quant
+
+    quant_cfg = parse(config)
+    if quant_cfg is None and isinstance(config.get("text_config"), dict):
+        quant_cfg = parse(config["text_config"])
+    if not isinstance(quant_cfg, dict):
+        return False, None
+    method = str(quant_cfg.get("quant_method", "")).lower().replace("compressed_tensors", "compressed-tensors")
+    return True, method or None
+
+
+def verify_quantization(args: argparse.Namespace, model: Model) -> None:
+    """vLLM's check, verbatim in its message:
+        if self.quantization is None:
+            self.quantization = quant_method
+        elif self.quantization != quant_method:
+            raise ValueError(
+                "Quantization method specified in the model config "
+                f"({quant_method}) does not match the quantization "
+                f"method specified in the `quantization` argument "
+                f"({self.quantization}).")
+    ModelConfig is a pydantic dataclass, so the ValueError surfaces as a pydantic ValidationError."""
+    present, method = checkpoint_quantization(model.config)
+    if not present:
+        return
+    model.quant_method = method
+    if args.quantization is None:
+        args.quantization = method
+        log("INFO", "model.py:1012", f"(simulator) quantization {method} detected from the checkpoint's config.json")
+    elif args.quantization != method:
+        raise QuantizationMismatch(
+            "Quantization method specified in the model config "
+            f"({method}) does not match the quantization "
+            f"method specified in the `quantization` argument "
+            f"({args.quantization})."
+        )
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -523,7 +580,8 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                           f"({args.gpu_memory_utilization}, {gib2(budget)} GiB). Decrease GPU memory utilization "
                           "or reduce GPU memory used by other processes.", "vllm/v1/worker/gpu_worker.py")
     log("INFO", "gpu_model_runner.py:2602", f"Starting to load model {model.repo}...")
-    weights = model.bf16_bytes / (2 if args.quantization == "fp8" else 1) / tp
+    # online FP8 halves a BF16 checkpoint; a pre-quantized checkpoint's bytes are what it loads
+    weights = model.bf16_bytes / (2 if args.quantization == "fp8" and model.quant_method is None else 1) / tp
     overhead = RUNTIME_OVERHEAD_GIB * GIB
     # the CUDA context and the weights now live on the GPU(s)
     CLAIM.set({g.uuid: int(min(weights + overhead, budget) // MIB) for g in used})
@@ -935,6 +993,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"(driver {g.driver}, compute capability {g.compute_cap})")
         check_driver(gpus)
         model = load_model(args.model, args.revision)
+        try:
+            verify_quantization(args, model)
+        except QuantizationMismatch as err:
+            CLAIM.release()
+            print("Traceback (most recent call last):", flush=True)
+            print('  File "/usr/local/lib/python3.12/dist-packages/vllm/engine/arg_utils.py", line 1, in '
+                  "create_model_config", flush=True)
+            print("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig", flush=True)
+            print(f"  Value error, {err} [type=value_error, input_type=ArgsKwargs]", flush=True)
+            sys.exit(1)
         cold = cold_start_s(model)
         log("INFO", "model.py:548", f"(simulator) cold start {cold:.2f} s for {model.bf16_bytes / 1e9:.1f} GB of "
             "weights (the field report's 150 s for d3's 52.2 GB, scaled)")

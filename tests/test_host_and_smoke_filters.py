@@ -46,3 +46,36 @@ def test_download_bytes_prefers_hub_sizes(catalog_vars: dict[str, Any]) -> None:
     assert download_bytes({**item, "json": tree}, catalog_vars["d3_catalog"]) == 42
     assert download_bytes({**item, "json": [{"type": "file", "path": "a"}]}, catalog_vars["d3_catalog"]) == 52_200_000_000
     assert download_bytes({**item, "status": -1}, catalog_vars["d3_catalog"]) == 52_200_000_000
+
+
+def test_df_line_refusals_name_the_line() -> None:
+    for line in ("/var/lib lots", " 123", "garbage"):
+        with pytest.raises(ValueError) as refused:
+            df_line(line)
+        assert str(refused.value) == f"cannot read free space from {line!r}"
+
+
+def test_apt_candidate_without_a_candidate_line_and_versions_without_digits() -> None:
+    assert apt_candidate("") == ""
+    assert apt_candidate("N: Unable to locate package podman\n") == ""
+    assert upstream_version("abc") == ""
+    # only the epoch is cut: the upstream part may contain a colon of its own
+    assert upstream_version("2:1.0:rc1-3") == "1.0"
+
+
+def test_download_bytes_counts_files_only_and_names_an_unknown_repo(catalog_vars: dict[str, Any]) -> None:
+    catalog = catalog_vars["d3_catalog"]
+    item = {"item": {"item": {"hf_repo": "vllm-sr/d3"}}}
+    tree = [{"type": "file", "path": "a", "size": 10}, {"type": "directory", "path": "d", "size": 4096}, "noise"]
+    assert download_bytes({**item, "json": tree}, catalog) == 10
+    # a directory entry without a size does not make the Hub's file sizes unusable
+    assert download_bytes({**item, "json": [{"type": "file", "path": "a", "size": 7}, {"type": "directory"}]}, catalog) == 7
+    with pytest.raises(ValueError) as unknown:
+        download_bytes({"item": {"item": {"hf_repo": "nobody/else"}}, "json": {"error": "x"}}, catalog)
+    assert str(unknown.value) == "nobody/else is not in the catalog"
+
+
+def test_host_filter_plugin_exports() -> None:
+    from d3_host import FilterModule
+
+    assert FilterModule().filters() == {"d3_df_line": df_line, "d3_apt_candidate": apt_candidate, "d3_download_bytes": download_bytes}

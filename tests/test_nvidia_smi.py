@@ -103,3 +103,63 @@ def test_committed_cdi_copy_equals_shared_fixture() -> None:
     if not shared.is_file():
         pytest.skip("../shared/fixtures not beside this clone")
     assert shared.read_bytes() == (COMMITTED.parent / "cdi/h200-driver580-nvidia.yaml").read_bytes()
+
+
+def test_query_errors_name_the_line_and_the_expected_fields() -> None:
+    fields = "index, name, uuid, memory.total, memory.used, driver_version, compute_cap"
+    with pytest.raises(ValueError) as short:
+        nvidia_smi_query_gpus("0, NVIDIA L4, GPU-x\n")
+    assert str(short.value) == f"nvidia-smi line 1: expected 7 fields ({fields}), got 3: '0, NVIDIA L4, GPU-x'"
+    good = "0, NVIDIA L4, GPU-a, 23034, 0, 580.95.05, 8.9\n"
+    with pytest.raises(ValueError) as bad:
+        nvidia_smi_query_gpus(good + "1, NVIDIA L4, GPU-b, lots, 0, 580.95.05, 8.9\n")
+    assert str(bad.value) == "nvidia-smi line 2: field 'memory.total' is not an integer: 'lots'"
+    with pytest.raises(ValueError) as not_text:
+        nvidia_smi_query_gpus(42)  # type: ignore[arg-type]
+    assert str(not_text.value) == "nvidia-smi output must be a string, got int"
+
+
+def test_query_single_field_and_data_that_looks_like_names() -> None:
+    assert nvidia_smi_query_gpus("index\n3\n") == [{"index": 3}]
+    assert nvidia_smi_query_gpus("3\n", fields=["index"]) == [{"index": 3}]
+    # a first row starting with a name is data, not a header: header cells are lower-case field names
+    assert nvidia_smi_query_gpus("NVIDIA L4, 0\n", fields=["name", "index"]) == [{"name": "NVIDIA L4", "index": 0}]
+    assert nvidia_smi_query_gpus("name, index\nNVIDIA L4, 0\n") == [{"name": "NVIDIA L4", "index": 0}]
+
+
+def test_list_skips_no_devices_and_refuses_an_orphan_mig_line() -> None:
+    text = "No devices were found\nGPU 0: NVIDIA L4 (UUID: GPU-aaaa-1)\n"
+    assert nvidia_smi_list(text) == [{"index": 0, "name": "NVIDIA L4", "uuid": "GPU-aaaa-1", "mig_devices": []}]
+    with pytest.raises(ValueError, match=r"^nvidia-smi -L line 1 not understood: '  MIG 1g.10gb"):
+        nvidia_smi_list("  MIG 1g.10gb     Device  0: (UUID: MIG-bbbb-2)\n")
+    with pytest.raises(ValueError, match=r"^nvidia-smi -L line 2 not understood: 'garbage'$"):
+        nvidia_smi_list("GPU 0: NVIDIA L4 (UUID: GPU-aaaa-1)\ngarbage\n")
+
+
+TABLE = """\
+| NVIDIA-SMI 575.1.2                Driver Version: 580.95.05      CUDA Version: 13.0     |
+| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
+|  stray                                  |       9MiB /     99MiB |                      |
+|   0  NVIDIA L4                      Off |   00000000:00:03.0 Off |                    0 |
+| N/A   34C    P8             16W /   72W |       5MiB /  23034MiB |      0%      Default |
+|  mig                                    |       7MiB /   1000MiB |                      |
+"""
+
+
+def test_table_versions_and_the_first_memory_row_under_each_gpu() -> None:
+    table = nvidia_smi_table(TABLE)
+    assert (table["smi_version"], table["driver_version"], table["cuda_version"]) == ("575.1.2", "580.95.05", "13.0")
+    assert table["gpus"] == [{"index": 0, "name": "NVIDIA L4", "persistence_mode": "Off", "pci_bus_id": "00000000:00:03.0",
+                              "memory_used_mib": 5, "memory_total_mib": 23034}]
+
+
+def test_table_refuses_non_text_with_the_header_message() -> None:
+    for text in (None, "<html>\n"):
+        with pytest.raises(ValueError) as refused:
+            nvidia_smi_table(text)  # type: ignore[arg-type]
+        assert str(refused.value) == "nvidia-smi table: no 'NVIDIA-SMI ... Driver Version: ... CUDA Version:' header"
+
+
+def test_filter_plugin_maps_names_to_the_parsers() -> None:
+    assert FilterModule().filters() == {"nvidia_smi_query_gpus": nvidia_smi_query_gpus, "nvidia_smi_list": nvidia_smi_list,
+                                        "nvidia_smi_table": nvidia_smi_table}

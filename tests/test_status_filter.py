@@ -1,0 +1,93 @@
+"""Unit tests of the fleet status filter (plugins/filter/d3_status.py): drift found both ways, exact drift
+reasons, the health column from the probe, containers the inventory does not know, and the aligned table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from d3_status import FilterModule, status_rows, status_table
+
+WANTED = "sha256:" + "a" * 64
+OTHER = "sha256:" + "b" * 64
+REV = "0123456789abcdef0123456789abcdef01234567"
+PLAN = {"instances": [{"name": "d3-27b", "model": "d3", "revision": REV}]}
+READY = [{"name": "d3-27b", "health": 200, "decision": 200, "elapsed_ms": 12.4, "problems": []}]
+
+
+def container(state: str = "running", digest: str = WANTED, revision: str = REV, name: str = "d3-27b",
+              model: str | None = "d3") -> dict[str, Any]:
+    labels = {"io.d3-fleet.instance": name, "io.d3-fleet.revision": revision}
+    if model:
+        labels["io.d3-fleet.model"] = model
+    return {"Image": f"ghcr.io/vllm-sr/vllm@{digest}", "State": state, "Labels": labels}
+
+
+def row(containers: list[dict[str, Any]], probe: list[dict[str, Any]] = READY, wanted: str = WANTED,
+        plan: dict[str, Any] = PLAN) -> dict[str, Any]:
+    (only,) = status_rows(plan, "l4-a", containers, probe, wanted)
+    return only
+
+
+def test_as_wanted_is_no_drift() -> None:
+    assert row([container()]) == {"host": "l4-a", "instance": "d3-27b", "model": "d3", "digest": WANTED, "revision": REV,
+                                   "health": "ready", "smoke_ms": 12.4, "drift": []}
+
+
+def test_each_drift_reason_exactly() -> None:
+    assert row([])["drift"] == ["not running"]
+    assert row([], probe=[])["health"] == "down (?)"
+    assert row([container(state="exited")])["drift"] == ["container exited"]
+    assert row([container(digest=OTHER)])["drift"] == [f"image {OTHER[:19]} != wanted {WANTED[:19]}"]
+    assert row([container(revision="f" * 40)])["drift"] == [f"revision {'f' * 12} != wanted {REV[:12]}"]
+    unlabelled = {"Image": "localhost/vllm:latest", "State": "created", "Labels": {"io.d3-fleet.instance": "d3-27b"}}
+    assert row([unlabelled]) | {"health": None} == {
+        "host": "l4-a", "instance": "d3-27b", "model": "d3", "digest": "", "revision": "", "health": None,
+        "smoke_ms": 12.4,
+        "drift": ["container created", f"image ? != wanted {WANTED[:19]}", f"revision  != wanted {REV[:12]}"]}
+
+
+def test_no_wanted_digest_or_revision_means_no_such_drift() -> None:
+    assert row([container(digest=OTHER)], wanted="")["drift"] == []
+    plan = {"instances": [{"name": "d3-27b", "model": "d3", "revision": None}]}
+    assert row([container(revision="f" * 40)], plan=plan)["drift"] == []
+
+
+def test_health_column_from_the_probe() -> None:
+    probe = [{**READY[0], "health": 503}]
+    assert (row([container()], probe)["health"], row([container()], probe)["smoke_ms"]) == ("down (503)", 12.4)
+    assert row([container()], [{"name": "d3-27b", "health": 200}])["health"] == "no decision (?)"
+    assert row([container()], [{**READY[0], "decision": 401}])["health"] == "no decision (401)"
+    bad = [{**READY[0], "problems": ["q1: no answer", "q2: no answer"]}]
+    assert row([container()], bad)["health"] == "bad answer: q1: no answer; q2: no answer"
+    other = [{**READY[0], "name": "d3-mini"}]
+    assert (row([container()], other)["health"], row([container()], other)["smoke_ms"]) == ("down (?)", None)
+
+
+def test_containers_the_inventory_does_not_know() -> None:
+    rows = status_rows(PLAN, "l4-a", [container(name="zz-old", model=None, revision=""), container(), container(name="aa-old"),
+                                      {"Labels": {}, "Image": "x"}, {"Image": "y"}], READY, WANTED)
+    assert [r["instance"] for r in rows] == ["d3-27b", "aa-old", "zz-old"]
+    assert rows[1] == {"host": "l4-a", "instance": "aa-old", "model": "d3", "digest": WANTED, "revision": REV, "health": "-",
+                       "smoke_ms": None, "drift": ["not in the inventory"]}
+    assert (rows[2]["model"], rows[2]["revision"]) == ("?", "")
+    no_image = {"Labels": {"io.d3-fleet.instance": "bare"}}
+    assert status_rows({"instances": []}, "h", [no_image], [], "")[0]["digest"] == ""
+
+
+def test_table_is_aligned_and_truncated() -> None:
+    rows = [
+        {"host": "l4-a", "instance": "d3-27b", "model": "d3", "digest": WANTED, "revision": REV, "health": "ready",
+         "smoke_ms": 12.5, "drift": []},
+        {"host": "l4-bb", "instance": "x", "model": "d3-mini", "digest": "", "revision": None, "health": "down (?)",
+         "smoke_ms": None, "drift": ["not running", "container exited"]},
+    ]
+    assert status_table(rows) == [
+        "host   instance  model    digest               revision      health    2q ms  drift",
+        "l4-a   d3-27b    d3       sha256:aaaaaaaaaaaa  0123456789ab  ready     12     none",
+        "l4-bb  x         d3-mini                                     down (?)  -      not running; container exited",
+    ]
+    assert status_table([{**rows[0], "smoke_ms": 12.6}])[1].split()[-2] == "13"
+
+
+def test_filter_plugin_exports() -> None:
+    assert FilterModule().filters() == {"d3_status_rows": status_rows, "d3_status_table": status_table}

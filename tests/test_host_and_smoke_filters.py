@@ -79,3 +79,12 @@ def test_host_filter_plugin_exports() -> None:
     from d3_host import FilterModule
 
     assert FilterModule().filters() == {"d3_df_line": df_line, "d3_apt_candidate": apt_candidate, "d3_download_bytes": download_bytes}
+
+
+def test_download_bytes_of_a_variant_repository() -> None:
+    catalog = {"d3": {"hf_repo": "vllm-sr/d3", "download_gb": 55, "variants": {
+        "fp8": {"hf_repo": "vllm-sr/d3-FP8", "download_gb": 30.5}, "same": {"hf_repo": "vllm-sr/d3-same"}, "empty": None}}}  # fmt: skip
+    assert download_bytes({"item": {"item": {"hf_repo": "vllm-sr/d3-FP8"}}}, catalog) == 30_500_000_000
+    # a variant without its own size downloads as much as its size's checkpoint
+    assert download_bytes({"item": {"item": {"hf_repo": "vllm-sr/d3-same"}}}, catalog) == 55_000_000_000
+    assert download_bytes({"item": {"item": {"hf_repo": "x", "download_bytes": 7}}}, catalog) == 7

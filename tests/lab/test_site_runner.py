@@ -1,50 +1,101 @@
 """site.yml on the lab, driven by ansible-runner: converge and idempotence, --check --diff on a converged host,
 and hosts that must fail with a clear message before any unit changes.
 
-Order matters: the first test converges the lab; the others start from that state and restore it."""
+Every test here shares the session's one converge (conftest.converge_run) and restores what it changes."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from runner_helpers import host_vars, lab_hosts, on_host, run_playbook, unit_state
+from labkit import Run, d3_containers, host_vars, on_host, registry_digest, run_playbook, unit_state
 
 pytestmark = pytest.mark.lab
 
-
-@pytest.fixture(scope="module")
-def hosts() -> list[str]:
-    found = lab_hosts()
-    assert len(found) >= 2, "the lab needs at least 2 hosts (make lab)"
-    return found
+SMOKE_TABLE_TASK = "Print the fleet smoke table"
+SMOKE_HEADER = ["host", "instance", "model", "digest", "health", "2q ms", "4q ms", "field report 2q/4q ms"]
 
 
-@pytest.fixture(scope="module")
-def converged(hosts: list[str]) -> list[str]:
-    first = run_playbook("site.yml", limit="l4-nodes")
-    assert first.status == "successful", first.failure_text()
-    assert "health" in first.stdout and "ready" in first.stdout  # the smoke table
-    return hosts
+def smoke_rows(run: Run) -> list[dict[str, str]]:
+    """The rows of the fleet smoke table the d3_smoke role printed (its runner event, not the text output)."""
+    events = [d for d in run.results() if d.get("role") == "d3_smoke" and d["task"] == SMOKE_TABLE_TASK]
+    assert len(events) == 1, f"expected one '{SMOKE_TABLE_TASK}' result from the d3_smoke role, got {len(events)}"
+    lines = events[0]["res"]["msg"]
+    assert isinstance(lines, list) and lines, lines
+    header = re.split(r"\s{2,}", lines[0].strip())
+    assert header == SMOKE_HEADER, lines[0]
+    rows = [dict(zip(header, re.split(r"\s{2,}", line.strip()), strict=True)) for line in lines[1:]]
+    return rows
+
+
+def test_converge_smoke_table_has_a_ready_row_per_instance(converge_run: Run, converged: list[str]) -> None:
+    """Every planned instance on every host is running and has a smoke-table row: ready, on the fleet digest,
+    with both timed requests measured; and its decision check ran and passed on that host."""
+    digest = registry_digest("nightly")
+    rows = smoke_rows(converge_run)
+    want: set[tuple[str, str]] = set()
+    for host in converged:
+        containers = d3_containers(host)
+        assert len(containers) == len(host_vars(host)["d3_models"]), (host, sorted(containers))
+        assert all(c["State"]["Status"] == "running" for c in containers.values()), host
+        want |= {(host, name) for name in containers}
+        checks = [d for d in converge_run.results(host) if d.get("role") == "d3_smoke" and d["task"] == "Check the decision's shape"]
+        assert len(checks) == len(containers) and not any(d["res"].get("failed") for d in checks), (host, checks)
+    assert {(r["host"], r["instance"]) for r in rows} == want
+    assert len(rows) == len(want), rows
+    for row in rows:
+        assert row["health"] == "ready", row
+        assert digest.startswith(row["digest"]) and len(row["digest"]) == 19, (row, digest)
+        assert row["2q ms"].isdigit() and row["4q ms"].isdigit(), row
 
 
 def test_second_run_changes_nothing(converged: list[str]) -> None:
+    before = {host: unit_state(host) for host in converged}
     again = run_playbook("site.yml", limit="l4-nodes")
     assert again.status == "successful", again.failure_text()
     for host in converged:
-        assert again.changed(host) == 0, [e["event_data"]["task"] for e in again.events if e.get("event") == "runner_on_ok"
-                                          and e["event_data"].get("host") == host and e["event_data"]["res"].get("changed")]
+        assert again.changed(host) == 0, again.changed_tasks(host)
+        assert unit_state(host) == before[host], host
 
 
-def test_check_diff_on_converged_host_shows_the_unit_diff_and_changes_nothing(converged: list[str]) -> None:
+def template_results(run: Run, host: str) -> list[dict[str, Any]]:
+    """Per-instance results of the d3_units role's unit template task on a host."""
+    events = [d for d in run.results(host) if d.get("role") == "d3_units" and d["task"] == "Template one unit per planned instance"]
+    assert len(events) == 1, [d["task"] for d in run.results(host)]
+    return events[0]["res"]["results"]
+
+
+def test_check_diff_shows_only_the_edited_unit_and_changes_nothing(converged: list[str]) -> None:
+    """--check --diff with one instance's flag edited (models in the same order): exactly that unit differs, by
+    exactly that flag; every other unit is unchanged; nothing on the host changes."""
     host = converged[0]
     models = host_vars(host)["d3_models"]
-    changed_models = [dict(models[-1], extra_args=["--max-model-len=4096"]), *models[:-1]]
+    edited = dict(models[-1], extra_args=[*models[-1].get("extra_args", []), "--max-model-len=4096"])
     before = unit_state(host)
-    run = run_playbook("site.yml", limit=host, extravars={"d3_models": changed_models}, cmdline="--check --diff")
+    run = run_playbook("site.yml", limit=host, extravars={"d3_models": [*models[:-1], edited]}, cmdline="--check --diff")
     assert run.status == "successful", run.failure_text()
-    # the unit diff adds the new flag (a "+" line) and nothing is written
-    assert any(line.startswith("+") and "--max-model-len 4096" in line for line in run.stdout.splitlines())
+
+    results = template_results(run, host)
+    assert len(results) == len(models)
+    changed = [r for r in results if r.get("changed")]
+    assert len(changed) == 1, [(r["item"]["unit"], r.get("changed")) for r in results]
+    unit = changed[0]["item"]["unit"]
+    assert unit == results[-1]["item"]["unit"], "the changed unit is not the edited (last) instance's"
+    diffs = changed[0]["diff"] if isinstance(changed[0]["diff"], list) else [changed[0]["diff"]]
+    contents = [d for d in diffs if isinstance(d.get("after"), str) and d.get("before") != d.get("after")]
+    assert len(contents) == 1, diffs
+    old, new = contents[0]["before"].splitlines(), contents[0]["after"].splitlines()
+    removed = [line for line in old if line not in new]
+    added = [line for line in new if line not in old]
+    assert len(removed) == 1 and len(added) == 1, (removed, added)
+    assert re.search(r"--max-model-len \d+", removed[0]) and "--max-model-len 4096" not in removed[0], removed
+    assert added[0] == re.sub(r"--max-model-len \d+", "--max-model-len 4096", removed[0]), (removed, added)
+    # the only task changes are that unit's template and what follows from it (no other unit, nothing else)
+    assert all(d.get("role") in ("d3_units", "d3_smoke", "d3_state") for d in run.results(host) if d["res"].get("changed")), \
+        [(d.get("role"), d["task"]) for d in run.results(host) if d["res"].get("changed")]
     assert unit_state(host) == before
 
 
@@ -57,7 +108,7 @@ def test_refused_plan_stops_the_host_before_anything_changes(converged: list[str
     text = run.failure_text(host)
     assert f"host {host}: d3_models[0] (d3-27b): tensor parallel size 2 needs 2 GPU(s)" in text
     assert "unknown model 'd3-ultra'" in text
-    assert not any(t.startswith(("Install", "Template", "Start")) for t in run.tasks_run(host))
+    assert not {"d3_units", "d3_image", "d3_weights"} & set(run.roles_run(host)), run.roles_run(host)
     assert unit_state(host) == before
 
 
@@ -86,6 +137,7 @@ def test_podman_below_4_1_is_refused_before_anything_changes(old_podman: str) ->
     text = run.failure_text(host)
     assert f"host {host}: podman 3.4.4 (installed) is below 4.1" in text
     assert "--device nvidia.com/gpu=N" in text
+    assert "d3_units" not in run.roles_run(host), run.roles_run(host)
     assert unit_state(host) == before
 
 
@@ -101,15 +153,18 @@ def uuid_only_cdi(converged: list[str]) -> Iterator[str]:
         yield host
     finally:
         on_host(host, f"rm -f {env} && systemctl restart nvidia-cdi-refresh.service")
+        assert "nvidia.com/gpu=0" in on_host(host, "nvidia-ctk cdi list"), "CDI spec not restored"
 
 
 def test_missing_cdi_device_stops_the_host_before_units_change(uuid_only_cdi: str) -> None:
     host = uuid_only_cdi
-    assert "nvidia.com/gpu=0" not in on_host(host, "nvidia-ctk cdi list 2>/dev/null")
+    assert "nvidia.com/gpu=0" not in on_host(host, "nvidia-ctk cdi list")
     before = unit_state(host)
     run = run_playbook("site.yml", limit=host)
     assert run.status == "failed"
     text = run.failure_text(host)
     assert "nvidia.com/gpu=0" in text and host in text
-    assert not any("d3_units" in t or t.startswith("Template one unit") for t in run.tasks_run(host))
-    assert unit_state(host) == before
+    roles = set(run.roles_run(host))
+    assert "nvidia_toolkit" in roles, roles  # ansible-runner's role field is read (the refusal comes from there)
+    assert "d3_units" not in roles, [d["task"] for d in run.results(host) if d.get("role") == "d3_units"]
+    assert unit_state(host) == before, json.dumps(unit_state(host), indent=1)

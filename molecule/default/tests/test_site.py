@@ -1,20 +1,36 @@
-"""What site.yml leaves on a host: units of the right style, containers on the fleet digest with their CDI
-devices, offline weights, and instances that answer decision requests."""
+"""What site.yml leaves on a host: units of the style podman's version calls for, containers on the digest the
+lab registry serves for the fleet's tag (the same on both hosts) with their CDI devices, offline weights, and
+instances whose decisions pass the smoke check's own filter."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
+import re
+import subprocess
+from pathlib import Path
 from typing import Any
 
-import pytest
+import testinfra
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+# the hosts molecule.yml's verifier runs on (the digest must be the same on all of them)
+HOSTS = ("podman://d3-mol-trixie", "podman://d3-mol-bookworm")
+LAB_REGISTRY = "127.0.0.1:5000"  # the lab registry, as this machine reaches it (hosts: lab-registry:5000)
 
 EXPECTED = {
-    "d3-mol-trixie": {"style": "quadlet", "instances": {"d3-27b": ([0, 1], 8000), "d3-edge": ([2], 8001)}},
-    "d3-mol-bookworm": {"style": "classic", "instances": {"d3-mini": ([0], 8000), "d3-lite": ([0], 8100)}},
+    "d3-mol-trixie": {"d3-27b": ([0, 1], 8000), "d3-edge": ([2], 8001)},
+    "d3-mol-bookworm": {"d3-mini": ([0], 8000), "d3-lite": ([0], 8100)},
 }
+SMOKE = yaml.safe_load((ROOT / "roles/d3_smoke/defaults/main.yml").read_text())
+PODMAN_DEFAULTS = yaml.safe_load((ROOT / "roles/podman/defaults/main.yml").read_text())
+FLEET_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/l4-nodes/lab.yml").read_text())
 
 
-def expected(host: Any) -> dict[str, Any]:
+def expected(host: Any) -> dict[str, tuple[list[int], int]]:
+    """instance -> (GPUs, port) the plan gives this host's d3_models (molecule/default/host_vars/)."""
     return EXPECTED[host.check_output("hostname")]
 
 
@@ -22,39 +38,85 @@ def inspect(host: Any, name: str) -> dict[str, Any]:
     return json.loads(host.check_output(f"podman inspect {name}"))[0]
 
 
+def version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+@functools.cache
+def decision_problems() -> Any:
+    """The project's d3_decision_problems filter (plugins/filter/d3_smoke.py), as the smoke check uses it."""
+    spec = importlib.util.spec_from_file_location("d3_smoke_filters", ROOT / "plugins/filter/d3_smoke.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FilterModule().filters()["d3_decision_problems"]
+
+
+@functools.cache
+def registry_digest(image: str) -> str:
+    """The digest the lab registry serves for the fleet image's tag (docker.io/... is mirrored there)."""
+    repo, tag = image.split("/", 1)[1].rsplit(":", 1)
+    out = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", "--no-tags", "--format", "{{.Digest}}", f"docker://{LAB_REGISTRY}/{repo}:{tag}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    digest = out.stdout.strip()
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), digest
+    return digest
+
+
+def image_digests(host: Any) -> set[str]:
+    """The digests the D3 containers on a host run: each container's image reference is by digest, and that digest
+    is one of the repo digests of the image the container actually runs (podman image inspect)."""
+    digests = set()
+    for name in EXPECTED[host.check_output("hostname")]:
+        info = inspect(host, name)
+        assert "@sha256:" in info["ImageName"], (name, info["ImageName"])
+        digest = info["ImageName"].split("@", 1)[1]
+        image = json.loads(host.check_output(f"podman image inspect {info['Image']}"))[0]
+        assert digest in {ref.split("@", 1)[1] for ref in image["RepoDigests"]}, (name, digest, image["RepoDigests"])
+        digests.add(digest)
+    return digests
+
+
 def test_units_have_the_style_of_the_podman_version(host: Any) -> None:
-    exp = expected(host)
-    for name in exp["instances"]:
+    installed = version(host.check_output("podman version --format '{{.Client.Version}}'"))
+    floor = version(str(PODMAN_DEFAULTS["podman_quadlet_min_version"]))
+    style = "quadlet" if installed >= floor else "classic"
+    for name in expected(host):
         quadlet = host.file(f"/etc/containers/systemd/{name}.container")
         classic = host.file(f"/etc/systemd/system/{name}.service")
-        if exp["style"] == "quadlet":
-            assert quadlet.exists and not classic.exists
+        if style == "quadlet":
+            assert quadlet.exists and not classic.exists, (name, installed, floor)
             assert quadlet.contains("^AddDevice=nvidia.com/gpu=")
             # generated units cannot be enabled; their [Install] section links them
             assert host.run(f"systemctl is-enabled {name}.service").stdout.strip() == "generated"
             assert host.file(f"/run/systemd/generator/multi-user.target.wants/{name}.service").exists
         else:
-            assert classic.exists and not quadlet.exists
+            assert classic.exists and not quadlet.exists, (name, installed, floor)
             assert classic.contains("--device nvidia.com/gpu=")
             assert host.run(f"systemctl is-enabled {name}.service").stdout.strip() == "enabled"
         assert host.service(f"{name}.service").is_running
 
 
 def test_containers_run_the_pinned_digest_with_their_gpus(host: Any) -> None:
-    digests = set()
-    for name, (gpus, _port) in expected(host)["instances"].items():
+    """Every container runs the image by digest: the digest the lab registry serves for the fleet's tag, the same
+    on every host of the scenario; with its GPUs and only those."""
+    want = registry_digest(FLEET_VARS["d3_image_name"])
+    for name, (gpus, _port) in expected(host).items():
         info = inspect(host, name)
-        assert "@sha256:" in info["ImageName"]
-        digests.add(info["ImageName"])
+        assert info["ImageName"].endswith(f"@{want}"), (name, info["ImageName"], want)
         devices = sorted(d["PathInContainer"] for d in info["HostConfig"]["Devices"] if d["PathInContainer"].startswith("/dev/nvidia"))
         assert [f"/dev/nvidia{i}" for i in gpus] == [d for d in devices if d[len("/dev/nvidia"):].isdigit()]
         smi = host.check_output(f"podman exec {name} nvidia-smi -L")
         assert len(smi.splitlines()) == len(gpus) and "NVIDIA L4" in smi
-    assert len(digests) == 1
+    assert image_digests(host) == {want}
+    # across the scenario's hosts: one digest
+    assert {d for h in HOSTS for d in image_digests(testinfra.get_host(h))} == {want}
 
 
 def test_weights_are_offline_and_read_only(host: Any) -> None:
-    for name in expected(host)["instances"]:
+    for name in expected(host):
         env = host.check_output(f"podman exec {name} cat /proc/1/environ").split("\x00")
         assert "HF_HUB_OFFLINE=1" in env
         assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in env
@@ -67,17 +129,16 @@ def test_weights_are_offline_and_read_only(host: Any) -> None:
         assert host.file(f"{snapshot.path}/config.json").exists
 
 
-@pytest.mark.parametrize("question_type", ["choice", "noul", "score"])
-def test_instances_answer_decisions(host: Any, question_type: str) -> None:
-    questions = {
-        "choice": {"q": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "shipping": None}}},
-        "noul": {"q": {"type": "noul", "instructions": "Is it urgent?"}},
-        "score": {"q": {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "furious"]}},
-    }[question_type]
-    for name, (_gpus, port) in expected(host)["instances"].items():
-        body = json.dumps({"model": name, "state": "My card was charged twice.", "questions": questions})
-        out = host.check_output(f"curl -sf -H 'Content-Type: application/json' -d '{body}' http://127.0.0.1:{port}/v1/systemone")
-        answer = json.loads(out)["answers"]["q"]
-        assert answer["type"] == question_type
-        assert abs(sum(answer["probabilities"].values()) - 1.0) < 1e-6
-        assert 0.0 <= answer["confidence"] <= 1.0
+def test_instances_answer_decisions_the_smoke_check_accepts(host: Any) -> None:
+    """Each instance answers the smoke check's questions (roles/d3_smoke/defaults/main.yml, with the extra one) in
+    a shape d3_decision_problems accepts, picking the expected choice."""
+    questions = {**SMOKE["d3_smoke_questions"], **SMOKE["d3_smoke_extra_question"]}
+    check = decision_problems()
+    for name, (_gpus, port) in expected(host).items():
+        body = json.dumps({"model": name, "state": SMOKE["d3_smoke_state"], "questions": questions})
+        url = f"http://127.0.0.1:{port}/v1/systemone"
+        out = host.run(f"curl -sf -H 'Content-Type: application/json' --data-binary @- {url} <<'EOF'\n{body}\nEOF")
+        assert out.rc == 0, (name, out.stderr)
+        response = json.loads(out.stdout)
+        assert check(response, questions, SMOKE["d3_smoke_expected_choice"]) == [], (name, response)
+        assert sorted(response["answers"]) == sorted(questions), (name, response)

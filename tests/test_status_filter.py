@@ -70,8 +70,10 @@ def test_containers_the_inventory_does_not_know() -> None:
     assert rows[1] == {"host": "l4-a", "instance": "aa-old", "model": "d3", "digest": WANTED, "revision": REV, "health": "-",
                        "smoke_ms": None, "drift": ["not in the inventory"]}
     assert (rows[2]["model"], rows[2]["revision"]) == ("?", "")
-    no_image = {"Labels": {"io.d3-fleet.instance": "bare"}}
-    assert status_rows({"instances": []}, "h", [no_image], [], "")[0]["digest"] == ""
+    bare = {"Labels": {"io.d3-fleet.instance": "bare"}}
+    assert status_rows({"instances": []}, "h", [bare], [], "") == [
+        {"host": "h", "instance": "bare", "model": "?", "digest": "", "revision": "", "health": "-", "smoke_ms": None,
+         "drift": ["not in the inventory"]}]
 
 
 def test_table_is_aligned_and_truncated() -> None:

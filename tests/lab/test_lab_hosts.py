@@ -9,38 +9,31 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from labkit import (
+    ANSIBLE_ENV,
+    LAB_GROUP,
+    LAB_INVENTORY,
+    LAB_SERVICES,
+    LAB_STATE,
+    ROOT,
+    LabHost,
+    ansible_playbook,
+    podman,
+    podman_json,
+    port_open,
+    venv_tool,
+)
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB_INVENTORY = ROOT / "inventories" / "lab"
-LAB_GROUP = "l4-nodes"
-# lab services on the machine's loopback (docs/design.md), by the names lab hosts know them by
-LAB_SERVICES = {"lab-registry": 5000, "lab-apt": 8081, "lab-hf": 8090}
-LabHost = Any  # conftest.LabHost (name, port, user, key)
 SshRunner = Callable[..., subprocess.CompletedProcess[str]]
-
-ANSIBLE_ENV = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def venv_tool(name: str) -> str:
-    local = ROOT / ".venv" / "bin" / name
-    return str(local) if local.exists() else (shutil.which(name) or name)
+LAB_VARS = yaml.safe_load((ROOT / "playbooks/vars/lab.yml").read_text())
 
 
 def expected_gpus(host: str) -> dict:
@@ -125,8 +118,7 @@ def test_driver_is_preinstalled_without_leaving_the_lab_repo_configured(
 @pytest.mark.parametrize("service", sorted(LAB_SERVICES))
 def test_hosts_reach_the_lab_services(service: str, lab_hosts: list[LabHost], lab_ssh: SshRunner) -> None:
     port = LAB_SERVICES[service]
-    if not port_open(port):
-        pytest.skip(f"{service} (127.0.0.1:{port}) is not running on this machine")
+    assert port_open(port), f"{service} (127.0.0.1:{port}) is not running on this machine: run `make lab`"
     path = {"lab-registry": "/v2/", "lab-apt": "/gpgkey", "lab-hf": "/api/models/vllm-sr/d3-edge/revision/main"}
     for host in lab_hosts:
         code = lab_ssh(host, f"curl -s -o /dev/null -w '%{{http_code}}' http://{service}:{port}{path[service]}")
@@ -141,22 +133,26 @@ def test_inventory_is_valid_and_carries_the_fleet_variables(lab_hosts: list[LabH
     inventory = json.loads(result.stdout)
     assert inventory[LAB_GROUP]["hosts"] == [h.name for h in lab_hosts]
     hostvars = inventory["_meta"]["hostvars"]
-    for index, host in enumerate(lab_hosts, start=1):
+    for host in lab_hosts:
         hv = hostvars[host.name]
         assert hv["ansible_become"] is True
         assert Path(hv["ansible_ssh_private_key_file"]).is_file()
-        assert hv["d3_models"], host
-        if index == 1:
-            assert [m["model"] for m in hv["d3_models"]] == ["d3", "d3-mini", "d3-edge"]
+        want_models = LAB_VARS["lab_hosts_models"].get(host.name, LAB_VARS["lab_hosts_models_default"])
+        assert want_models, host
+        assert hv["d3_models"] == want_models, host
+        for key, value in LAB_VARS["lab_hosts_inventory_group_vars"].items():
+            assert hv[key] == value, (host.name, key)
         assert hv["d3_weights_hf_endpoint"] == "http://lab-hf:8090"
         assert hv["d3_image_registry_mirrors"] == [{"prefix": "docker.io", "location": "lab-registry:5000", "insecure": True}]
         assert "lab-apt:8081" in hv["nvidia_toolkit_repo_url"]
-    revisions_file = Path("/var/lib/d3-lab/hf-revisions.json")
-    if revisions_file.is_file():
-        repos = json.loads(revisions_file.read_text())
-        revisions = hostvars[lab_hosts[0].name]["d3_model_revisions"]
-        assert revisions == {repo.split("/")[-1]: sha for repo, sha in repos.items()}
-        assert all(re.fullmatch(r"[0-9a-f]{40}", sha) for sha in revisions.values())
+    assert [m["model"] for m in hostvars[lab_hosts[0].name]["d3_models"]] == ["d3", "d3-mini", "d3-edge"]
+    revisions_file = LAB_STATE / "hf-revisions.json"
+    assert revisions_file.is_file(), f"{revisions_file} is missing: run `make lab`"
+    repos = json.loads(revisions_file.read_text())
+    want_revisions = {repo.split("/")[-1]: sha for repo, sha in repos.items()}
+    assert all(re.fullmatch(r"[0-9a-f]{40}", sha) for sha in want_revisions.values()), want_revisions
+    for host in lab_hosts:
+        assert hostvars[host.name]["d3_model_revisions"] == want_revisions, host.name
 
 
 def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost]) -> None:
@@ -177,31 +173,59 @@ def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost]) -> Non
         assert re.search(rf"^{host.name} \| SUCCESS => .*pong", ping.stdout, re.M), ping.stdout
 
 
-def podman_json(*args: str) -> Any:
-    return json.loads(subprocess.run(["podman", *args], capture_output=True, text=True, check=True).stdout)
+TOOLKIT_PLAYBOOK = """\
+- name: The NVIDIA toolkit role alone on a re-created lab host (test)
+  hosts: all
+  become: true
+  gather_facts: true
+  roles:
+    - role: nvidia_toolkit
+"""
 
 
-def test_make_lab_recreates_a_host_whose_processes_were_killed(lab_hosts: list[LabHost], lab_ssh: SshRunner) -> None:
+def test_make_lab_recreates_a_host_whose_processes_were_killed(
+    lab_hosts: list[LabHost], lab_ssh: SshRunner, tmp_path: Path
+) -> None:
     """What a stopped session leaves behind (and broke CI once): podman still lists the host as running, but its
     processes are gone, so exec fails and it can be neither started nor restarted. The lab playbook must notice,
-    re-create and provision it. Runs last in this file: the host comes back fresh (not converged)."""
+    re-create and provision it: a host whose systemd is `running` (not degraded) with the same simulated GPUs,
+    which the NVIDIA toolkit role turns into a CDI spec naming each of them. Runs last in this file: the host
+    comes back fresh (not converged; the session's converge, later, converges it)."""
     host = lab_hosts[-1]
+    gpus = expected_gpus(host.name)
+    smi_before = lab_ssh(host, "nvidia-smi -L").stdout
+    assert len(smi_before.splitlines()) == gpus["count"], smi_before
     others = {h.name: podman_json("inspect", h.name)[0]["State"]["StartedAt"] for h in lab_hosts[:-1]}
     before = podman_json("inspect", host.name)[0]
     for pid in (before["State"]["ConmonPid"], before["State"]["Pid"]):  # conmon first: nobody records the exit
         os.kill(pid, 9)
     assert podman_json("inspect", host.name)[0]["State"]["Status"] == "running"
-    assert subprocess.run(["podman", "exec", host.name, "true"], capture_output=True, check=False).returncode != 0
+    assert podman("exec", host.name, "true").returncode != 0
 
-    env = {**ANSIBLE_ENV, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    lab = subprocess.run(
-        [venv_tool("ansible-playbook"), "playbooks/lab.yml", "-e", f"lab_hosts_count={len(lab_hosts)}"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=900, check=False,
-    )  # fmt: skip
+    lab = ansible_playbook("playbooks/lab.yml", "-e", f"lab_hosts_count={len(lab_hosts)}")
     assert lab.returncode == 0, lab.stdout[-3000:] + lab.stderr[-2000:]
     after = podman_json("inspect", host.name)[0]
     assert after["Id"] != before["Id"]
     assert after["State"]["Status"] == "running"
-    assert lab_ssh(host, "sudo -n systemctl is-system-running --wait", check=False).stdout.strip() in ("running", "degraded")
+    state = lab_ssh(host, "sudo -n systemctl is-system-running --wait", check=False, timeout=120).stdout.strip()
+    failed = lab_ssh(host, "systemctl --failed --no-legend --plain", check=False).stdout
+    assert state == "running", f"{host.name}: {state}; failed units: {failed}"
+    # the same simulated GPUs (names and UUIDs), as device nodes and through nvidia-smi
+    assert lab_ssh(host, "nvidia-smi -L").stdout == smi_before
+    assert json.loads(lab_ssh(host, "cat /etc/lab-nvidia/gpus.json").stdout) == gpus
+    # ... and the toolkit finds them: the CDI spec it generates names every GPU by index and maps its device node
+    playbook = tmp_path / "toolkit.yml"
+    playbook.write_text(TOOLKIT_PLAYBOOK)
+    toolkit = ansible_playbook("-i", str(LAB_INVENTORY), "-l", host.name, str(playbook), timeout=600)
+    assert toolkit.returncode == 0, toolkit.stdout[-3000:] + toolkit.stderr[-2000:]
+    listed = lab_ssh(host, "nvidia-ctk cdi list").stdout.split()
+    want = [f"nvidia.com/gpu={i}" for i in range(gpus["count"])]
+    assert set(want) <= set(listed), listed
+    spec_text = lab_ssh(host, "sudo -n cat /var/run/cdi/nvidia.yaml 2>/dev/null || sudo -n cat /etc/cdi/nvidia.yaml").stdout
+    spec = yaml.safe_load(spec_text)
+    by_name = {d["name"]: d for d in spec["devices"]}
+    for i in range(gpus["count"]):
+        nodes = [n["path"] for n in by_name[str(i)]["containerEdits"]["deviceNodes"]]
+        assert f"/dev/nvidia{i}" in nodes, (i, nodes)
     # the healthy hosts are kept as they were (not restarted)
     assert {name: podman_json("inspect", name)[0]["State"]["StartedAt"] for name in others} == others

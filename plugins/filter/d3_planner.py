@@ -584,7 +584,6 @@ class _Planner:
             "weights_mib": inst["weights_mib"],
             "vram_need_mib_per_gpu": inst["need_mib"],
             "variant": inst["variant"]["name"],
-            "default_variant": not inst["variant"]["chosen"],
             "quant_method": inst["variant"]["quant_method"],
             "download_bytes": int(float(inst["variant"]["download_gb"]) * 1e9),
             "vram_arithmetic_mib_per_gpu": inst["arithmetic"],
@@ -746,7 +745,7 @@ def d3_plan_report(plan: dict[str, Any], image: str = "IMAGE") -> list[str]:
             f"{','.join(str(g) for g in i['gpus'])}, port {i['port']}, unit {i['unit']}.service, "
             f"needs {i['vram_need_mib_per_gpu']} MiB/GPU"
         )
-        if i.get("default_variant") is False:
+        if i.get("variant") not in (None, "default"):  # "default": a catalog entry without variants
             a = i["vram_arithmetic_mib_per_gpu"]
             lines.append(
                 f"  variant {i['variant']} ({i['quant_method'] or 'no quantization_config'}), download "

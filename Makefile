@@ -66,7 +66,7 @@ test: lint unit
 	$(MAKE) lab-tests
 	$(MAKE) molecule LAB_HOSTS=$(TEST_LAB_HOSTS)
 
-# Mutation testing (not part of make test): stages the sources in build/mutation/, see tools/mutation.py.
+# Mutation testing (not part of make test): stages the sources in .venv/mutation/, see tools/mutation.py.
 $(VENV)/.mutation-installed: $(VENV)/.installed requirements-mutation.txt
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-mutation.txt
 	touch $@

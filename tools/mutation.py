@@ -2,7 +2,7 @@
 
 The unit tests import the filters as top-level modules (``import d3_planner``, tests/conftest.py puts
 plugins/filter on sys.path) and the module as ``import decision``; mutmut names a mutant after the file's path,
-so the sources are staged flat under build/mutation/src/ (mutmut strips ``src.``), next to a copy of tests/ and
+so the sources are staged flat under .venv/mutation/src/ (mutmut strips ``src.``), next to a copy of tests/ and
 roles/. Each mutant runs only the unit tests that call the mutated function (mutmut's stats), under
 ``-m "not lab"``. Then this prints the score per file and every surviving mutant's diff, and exits 1 when a
 file scores below MIN_SCORE.
@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGE = ROOT / "build" / "mutation"
+# inside .venv/: git, ruff, yamllint and ansible-lint already ignore it (the stage holds copies of tests/ and roles/)
+STAGE = ROOT / ".venv" / "mutation"
 MODULES = ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"
 SOURCES = sorted((ROOT / "plugins/filter").glob("*.py")) + sorted(MODULES.glob("*.py"))
 MIN_SCORE = 90.0

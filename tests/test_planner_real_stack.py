@@ -89,3 +89,10 @@ def test_cuda_compat_adds_the_forward_compatibility_switch(catalog_vars: dict[st
     assert "VLLM_ENABLE_CUDA_COMPATIBILITY" not in plan(catalog_vars, [lite("a", "0.4")])["instances"][0]["env"]
     env = plan(catalog_vars, [lite("a", "0.4")], cuda_compat=True)["instances"][0]["env"]
     assert env["VLLM_ENABLE_CUDA_COMPATIBILITY"] == "1"
+
+
+def test_d3_models_that_is_not_a_list_is_refused(catalog_vars: dict[str, Any]) -> None:
+    """A string would otherwise be planned one character at a time (found by mutation testing)."""
+    result = plan(catalog_vars, "d3-mini")  # type: ignore[arg-type]
+    assert result["errors"] == ["host l4-a: d3_models: expected a list, got str. Fix: write a YAML list"]
+    assert plan(catalog_vars, None)["errors"] == []  # type: ignore[arg-type]

@@ -724,7 +724,7 @@ def d3_plan(
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Plan one host. Returns ``{host, instances, gpus, errors}``; instances is empty when errors is not."""
-    return _Planner(host, list(models or []), catalog, common, gpus, Options.from_dict(options)).run()
+    return _Planner(host, [] if models is None else models, catalog, common, gpus, Options.from_dict(options)).run()
 
 
 def d3_command_line(instance: dict[str, Any], image: str = "IMAGE") -> str:

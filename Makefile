@@ -43,7 +43,7 @@ plan: venv
 	ansible-playbook playbooks/plan.yml -i $(INVENTORY)
 
 # The lab: stand-ins for GPUs, NVIDIA's repository, the vLLM image and Hugging Face (see lab/README.md).
-# LAB_HOSTS=N: N lab hosts (unset: the lab_hosts role default, 2).
+# LAB_HOSTS=N: N lab hosts (unset: the lab_hosts role default, 3).
 lab: venv
 	ansible-playbook playbooks/lab.yml $(if $(LAB_HOSTS),-e lab_hosts_count=$(LAB_HOSTS))
 

@@ -76,8 +76,16 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "out"
 
 
+HELPERS = ROOT / "roles" / "d3_units" / "files"
+# what the d3_units role installs beside the units (ExecStartPost= of instances that share a GPU)
+INSTALL_HELPERS = "install -D -m 0755 /helpers/d3-wait-ready /usr/local/libexec/d3-fleet/d3-wait-ready; "
+
+
 def in_container(image: str, units: Path, script: str) -> subprocess.CompletedProcess[str]:
-    return podman("run", "--rm", "--network", "none", "-v", f"{units}:/units:ro", image, "sh", "-c", script)
+    return podman(
+        "run", "--rm", "--network", "none", "-v", f"{units}:/units:ro", "-v", f"{HELPERS}:/helpers:ro",
+        image, "sh", "-c", INSTALL_HELPERS + script,
+    )  # fmt: skip
 
 
 @pytest.mark.lab

@@ -17,13 +17,13 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from labkit import wait_until
 from nvidia_smi import nvidia_smi_list, nvidia_smi_query_gpus, nvidia_smi_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,16 +37,6 @@ MIRROR = "http://deb.debian.org/debian"
 REPO_PORT = 8081
 
 
-def wait_for(what: str, predicate: Any, timeout: float = 30.0, every: float = 0.2) -> Any:
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def run(*cmd: str, check: bool = True, env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess:
@@ -378,7 +368,7 @@ def host(request: pytest.FixtureRequest, repo: Path) -> Iterator[Host]:
 
 
 def booted(box: Host, timeout: float = 60) -> None:
-    wait_for(f"{box.name} to finish booting", lambda: box.sh("systemctl is-system-running", check=False)
+    wait_until(f"{box.name} to finish booting", lambda: box.sh("systemctl is-system-running", check=False)
              .stdout.strip() in ("running", "degraded"), timeout)
 
 
@@ -417,7 +407,7 @@ def serve(directory: Path) -> Iterator[int]:
         return False
 
     try:
-        wait_for(f"http.server on port {port}", listening, timeout=10, every=0.1)
+        wait_until(f"http.server on port {port}", listening, timeout=10, poll=0.1)
         yield port
     finally:
         proc.terminate()
@@ -541,12 +531,12 @@ def test_gpu_memory_claims_are_shared_across_containers(host: Host) -> None:
             f"{gpus[1]['uuid']}")
     used = "--query-gpu=index,memory.used --format=csv,noheader,nounits"
     try:
-        wait_for("the claim on the host", lambda: host.sh(f"nvidia-smi {used}").stdout.splitlines()[1] == "1, 5000")
+        wait_until("the claim on the host", lambda: host.sh(f"nvidia-smi {used}").stdout.splitlines()[1] == "1, 5000")
         inside = host.sh(f"podman run --rm --network none --device nvidia.com/gpu=1 {PY_IMAGE} nvidia-smi {used}")
         assert inside.stdout.strip() == "1, 5000"
     finally:
         host.sh(f"podman rm -f -t 0 {holder}")
-    wait_for("the claim to go with its process",
+    wait_until("the claim to go with its process",
              lambda: host.sh(f"nvidia-smi {used}").stdout.splitlines()[1] == "1, 0")
 
 
@@ -560,7 +550,7 @@ def test_driver_version_flip_to_r570_and_back(host: Host) -> None:
         host.sh(f"{setup} --driver-version 570.195.03")
         assert nvidia_smi_table(host.sh("nvidia-smi").stdout)["driver_version"] == "570.195.03"
         assert "CUDA Version: 12.8" in host.sh("nvidia-smi").stdout
-        wait_for("the CDI spec for R570", lambda: "--host-driver-version=570.195.03" in host.sh(
+        wait_until("the CDI spec for R570", lambda: "--host-driver-version=570.195.03" in host.sh(
             "cat /var/run/cdi/nvidia.yaml").stdout)
         inside = host.sh(f"podman run --rm --network none --device nvidia.com/gpu=0 {PY_IMAGE} "
                          "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
@@ -568,7 +558,7 @@ def test_driver_version_flip_to_r570_and_back(host: Host) -> None:
     finally:
         host.sh(f"{setup} --driver-version default")
     assert nvidia_smi_table(host.sh("nvidia-smi").stdout)["driver_version"] == DRIVER
-    wait_for("the CDI spec for R580", lambda: f"--host-driver-version={DRIVER}" in host.sh(
+    wait_until("the CDI spec for R580", lambda: f"--host-driver-version={DRIVER}" in host.sh(
         "cat /var/run/cdi/nvidia.yaml").stdout)
 
 

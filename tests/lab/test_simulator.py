@@ -34,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from labkit import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "lab" / "simulator"
@@ -286,16 +287,6 @@ def lab_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def wait_for(what: str, predicate: Any, timeout: float = 30.0, every: float = 0.1) -> Any:
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def standin_driver(root: Path, driver: str = "580.95.05") -> Path:
@@ -367,14 +358,14 @@ class Sim:
     def wait_healthy(self, name: str, port: int, timeout: float = 30) -> float:
         t0 = time.monotonic()
         try:
-            wait_for(f"{name} healthy", lambda: health(port) == 200, timeout)
+            wait_until(f"{name} healthy", lambda: health(port) == 200, timeout)
         except AssertionError:
             raise AssertionError(f"not healthy after {timeout}s:\n{logs(name)}") from None
         return time.monotonic() - t0
 
     def wait_exit(self, name: str, timeout: float = 60) -> int:
         """Exit code of a detached simulator, once it has exited."""
-        wait_for(f"{name} to exit", lambda: podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+        wait_until(f"{name} to exit", lambda: podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
                  in ("exited", "stopped"), timeout)
         return int(podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip())
 
@@ -509,7 +500,7 @@ def test_fp8_kv_cache_first_request_kills_engine(simr: Sim) -> None:
 def test_never_ready_image_never_binds(simr: Sim) -> None:
     port = free_port()
     name = simr.start(MINI, port, tag="nightly-broken", env={"D3_SIM_COLD_START_S": "0.5"})
-    wait_for("the never-ready log line", lambda: "never-ready" in logs(name))
+    wait_until("the never-ready log line", lambda: "never-ready" in logs(name))
     # from then on the port must stay closed: probe it for 3 s (10x the last startup step)
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
@@ -526,7 +517,7 @@ def test_never_ready_image_never_binds(simr: Sim) -> None:
 def test_health_refused_during_cold_start_then_200(simr: Sim) -> None:
     port = free_port()
     name = simr.start(MINI, port, env={"D3_SIM_COLD_START_S": "3"})
-    wait_for("the model load to start", lambda: "Starting to load model" in logs(name))
+    wait_until("the model load to start", lambda: "Starting to load model" in logs(name))
     assert health(port) is None  # connection refused while "loading"
     waited = simr.wait_healthy(name, port)
     assert waited > 0.8  # ~2 s of the 3 s cold start remained
@@ -680,7 +671,7 @@ def test_memory_held_while_running_and_freed_when_the_process_dies(simr: Sim, st
                     "--query-gpu=index,memory.used,memory.free", "--format=csv,noheader,nounits")
     assert inside.stdout.split(", ") == ["1", str(budget), str(L4_MIB - 434 - budget) + "\n"], inside.stderr
     podman("kill", name)  # SIGKILL-like end: no cleanup code runs, the kernel drops the flock
-    wait_for("the claim to disappear", lambda: smi_used(standin)[1] == 0)
+    wait_until("the claim to disappear", lambda: smi_used(standin)[1] == 0)
 
 
 @lab
@@ -716,7 +707,7 @@ def test_a_neighbour_allocating_during_memory_profiling_breaks_the_start(simr: S
     port = free_port()
     slow = {"D3_SIM_COLD_START_S": "6"}
     first = simr.start([*LITE, "--gpu-memory-utilization", "0.45"], port, standin=standin, env=slow)
-    wait_for("the first instance to load its weights", lambda: "Starting to load model" in logs(first))
+    wait_until("the first instance to load its weights", lambda: "Starting to load model" in logs(first))
     second = simr.start([*LITE, "--gpu-memory-utilization", "0.45"], free_port(), standin=standin, env=slow)
     assert simr.wait_exit(second) == 1
     out = logs(second)
@@ -754,7 +745,7 @@ def test_cold_start_per_model_size(simr: Sim) -> None:
     assert "D3_SIM_COLD_START_SCALE=0.0333" in inspect(f"{simr.image}:nightly", "{{.Config.Env}}")
     port = free_port()
     name = simr.start(MINI, port, env={"D3_SIM_COLD_START_S": "", "D3_SIM_COLD_START_SCALE": "0.1"})
-    wait_for("the model load to start", lambda: "Starting to load model" in logs(name))
+    wait_until("the model load to start", lambda: "Starting to load model" in logs(name))
     assert health(port) is None
     waited = simr.wait_healthy(name, port)
     assert 1.5 < waited < 10, waited

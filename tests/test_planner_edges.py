@@ -58,7 +58,7 @@ def test_an_entry_without_variants_plans_its_own_checkpoint_at_exactly_its_share
                                                    "total_mib": 5000}  # fmt: skip
     assert (inst["measured_on_hardware"], inst["hardware_note"]) == (None, PROBE)
     assert plan([{"model": "plain", "variant": "x"}])["errors"] == [
-        "host h: d3_models[0] (plain): plain has no variant 'x'. Fix: set d3_models[0].variant to one of: none (or leave it out for None)"]
+        "host h: d3_models[0] (plain): plain has no variant 'x': it has only its default checkpoint (org/plain), no variants to choose from. Fix: remove `variant:` from d3_models[0] to run that checkpoint"]
     assert plan([{"model": "plain"}], require_revisions=True)["errors"] == [
         "host h: d3_models[0] (plain): no pinned revision for plain. Fix: set d3_model_revisions['plain'] to the full commit SHA of org/plain (vllm-sr v3.1.0 record: abc123...)"]
     eager = plan([{"model": "plain", "extra_args": ["--enforce-eager"]}], allow_cuda_graphs=False)

@@ -68,13 +68,13 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
     result = plan(catalog_vars, [{"model": "d3-mini"}, {"model": "d3-edge"}], revisions={"d3-mini": SHA})
     common = "--net host --shm-size 2g img --model"
     assert d3_plan_report(result, "img") == [
-        f"d3-mini: d3-mini (vllm-sr/d3-mini@{SHA}) on GPU 0, port 8000, unit d3-mini.service, needs 5863 MiB/GPU",
+        f"d3-mini: d3-mini (vllm-sr/d3-mini@{SHA}) on GPU 0, port 8000, unit d3-mini.service, needs 6887 MiB/GPU",
         "  variant bf16-fp8-online (no quantization_config), download 9.4 GB; per GPU: weights 3815 + runtime 2048 + KV cache 1024"
         " + encoder probe 0 = 6887 MiB",
         "  podman run --name d3-mini --device nvidia.com/gpu=0 -e HF_HUB_OFFLINE=1 -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
         f"{common} vllm-sr/d3-mini --revision {SHA} --served-model-name d3-mini --host 127.0.0.1 --port 8000 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.45 --quantization fp8 --enforce-eager",
-        "d3-edge: d3-edge (vllm-sr/d3-edge@UNPINNED) on GPU 0, port 8001, unit d3-edge.service, needs 2620 MiB/GPU",
+        "d3-edge: d3-edge (vllm-sr/d3-edge@UNPINNED) on GPU 0, port 8001, unit d3-edge.service, needs 2812 MiB/GPU",
         "  variant bf16-fp8-online (no quantization_config), download 1.4 GB; per GPU: weights 572 + runtime 2048 + KV cache 192"
         " + encoder probe 0 = 2812 MiB",
         "  podman run --name d3-edge --device nvidia.com/gpu=0 -e HF_HUB_OFFLINE=1 -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
@@ -85,12 +85,23 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
     assert d3_plan_report(plan(catalog_vars, [], gpus=1)) == ["GPU 0 NVIDIA L4: 0/23034 MiB budgeted (idle), 23034 MiB free"]
 
 
+def test_the_report_states_one_need_per_instance(catalog_vars: dict[str, Any]) -> None:
+    """The first line's "needs N MiB/GPU" is the variant line's total (KV cache included), for every size."""
+    for model in catalog_vars["d3_catalog"]:
+        result = plan(catalog_vars, [{"model": model}], gpus=4)
+        (inst,) = result["instances"]
+        total = inst["vram_arithmetic_mib_per_gpu"]["total_mib"]
+        first, variant = d3_plan_report(result)[:2]
+        assert first.endswith(f", needs {total} MiB/GPU"), first
+        assert variant.endswith(f" = {total} MiB"), variant
+
+
 def test_report_of_a_default_variant_and_of_an_unmeasured_one() -> None:
     inst = {"name": "x", "model": "m", "hf_repo": "r/m", "revision": None, "gpus": [0, 1], "port": 8000, "unit": "x",
-            "vram_need_mib_per_gpu": 1, "variant": "default", "measured_on_hardware": False, "hardware_note": "arithmetic only",
+            "vram_need_mib_per_gpu": 1, "vram_arithmetic_mib_per_gpu": {"total_mib": 7}, "variant": "default", "measured_on_hardware": False, "hardware_note": "arithmetic only",
             "cdi_devices": [], "env": {}, "shm_size": "1g", "args": ["--a"]}  # fmt: skip
     assert d3_plan_report({"instances": [inst], "gpus": []}, "img") == [
-        "x: m (r/m@UNPINNED) on GPU 0,1, port 8000, unit x.service, needs 1 MiB/GPU",
+        "x: m (r/m@UNPINNED) on GPU 0,1, port 8000, unit x.service, needs 7 MiB/GPU",  # the arithmetic's total
         "  NOT YET MEASURED ON HARDWARE: arithmetic only",
         "  podman run --name x --net host --shm-size 1g img --a",
     ]

@@ -369,11 +369,19 @@ class _Planner:
         name = wanted if wanted is not None else entry.get("default_variant")
         if name is None and not variants:  # a catalog entry without variants: the size's own checkpoint
             raw: dict[str, Any] = {}
+        elif not variants:
+            self.refuse(
+                where,
+                f"{model} has no variant {name!r}: it has only its default checkpoint ({entry['hf_repo']}), no variants "
+                "to choose from",
+                f"remove `variant:` from d3_models[{pos}] to run that checkpoint",
+            )
+            return None
         elif name not in variants:
             self.refuse(
                 where,
                 f"{model} has no variant {name!r}",
-                f"set d3_models[{pos}].variant to one of: {', '.join(variants) or 'none'} (or leave it out for "
+                f"set d3_models[{pos}].variant to one of: {', '.join(variants)} (or leave it out for "
                 f"{entry.get('default_variant')})",
             )
             return None
@@ -740,13 +748,15 @@ def d3_plan_report(plan: dict[str, Any], image: str = "IMAGE") -> list[str]:
     """Human-readable plan lines: one block per instance, then the VRAM budget per GPU."""
     lines: list[str] = []
     for i in plan["instances"]:
+        # the whole per-GPU need (weights, runtime, KV cache, encoder probe) as the planner's arithmetic() adds it
+        # up: the same number as the variant line's total
+        a = i["vram_arithmetic_mib_per_gpu"]
         lines.append(
             f"{i['name']}: {i['model']} ({i['hf_repo']}@{i['revision'] or 'UNPINNED'}) on GPU "
             f"{','.join(str(g) for g in i['gpus'])}, port {i['port']}, unit {i['unit']}.service, "
-            f"needs {i['vram_need_mib_per_gpu']} MiB/GPU"
+            f"needs {a['total_mib']} MiB/GPU"
         )
         if i.get("variant") not in (None, "default"):  # "default": a catalog entry without variants
-            a = i["vram_arithmetic_mib_per_gpu"]
             lines.append(
                 f"  variant {i['variant']} ({i['quant_method'] or 'no quantization_config'}), download "
                 f"{i['download_bytes'] / 1e9:.1f} GB; per GPU: weights {a['weights_mib']} + runtime {a['runtime_mib']} "

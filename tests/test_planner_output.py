@@ -98,8 +98,9 @@ def test_the_report_states_one_need_per_instance(catalog_vars: dict[str, Any]) -
 
 def test_report_of_a_default_variant_and_of_an_unmeasured_one() -> None:
     inst = {"name": "x", "model": "m", "hf_repo": "r/m", "revision": None, "gpus": [0, 1], "port": 8000, "unit": "x",
-            "vram_need_mib_per_gpu": 1, "vram_arithmetic_mib_per_gpu": {"total_mib": 7}, "variant": "default", "measured_on_hardware": False, "hardware_note": "arithmetic only",
-            "cdi_devices": [], "env": {}, "shm_size": "1g", "args": ["--a"]}  # fmt: skip
+            "vram_need_mib_per_gpu": 1, "vram_arithmetic_mib_per_gpu": {"total_mib": 7}, "variant": "default",
+            "measured_on_hardware": False, "hardware_note": "arithmetic only", "cdi_devices": [], "env": {}, "shm_size": "1g",
+            "args": ["--a"]}  # fmt: skip
     assert d3_plan_report({"instances": [inst], "gpus": []}, "img") == [
         "x: m (r/m@UNPINNED) on GPU 0,1, port 8000, unit x.service, needs 7 MiB/GPU",  # the arithmetic's total
         "  NOT YET MEASURED ON HARDWARE: arithmetic only",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from d3_planner import Options, _Planner, d3_plan, host_gpus
 
 MIB = 1024**2
@@ -154,3 +155,65 @@ def test_models_that_are_not_a_list_and_the_default_host() -> None:
                                                                        "budget": [], "budget_mib": 0, "free_mib": 10000}],
                              "errors": ["host h: d3_models: expected a list, got str. Fix: write a YAML list"]}  # fmt: skip
     assert d3_plan([{"model": "nope"}], CATALOG, COMMON, GPU)["errors"][0].startswith("host localhost: d3_models[0]: unknown model")
+
+
+# --- refusals whose wording depends on the variant, the TP hint's boundaries (open gaps in docs/mutation.md) ----------
+
+KV = {"full_attention_layers": 4, "num_key_value_heads": 2, "head_dim": 128}  # 4 KiB per token: 16 MiB at 4096 tokens
+
+
+def sized(weights_mib: int) -> dict[str, Any]:
+    """An entry without variants whose checkpoint is exactly weights_mib MiB."""
+    return entry(hf_repo="org/sized", instance_name="sized", weights_fp8_gb=weights_mib * MIB / 1e9)
+
+
+def test_a_pre_quantized_variant_whose_checkpoint_names_the_method() -> None:
+    catalog = {"q": entry(hf_repo="org/q", instance_name="q", default_variant="q", variants={"q": {"pre_quantized": True}})}
+    assert d3_plan([{"model": "q"}], catalog, COMMON, GPU, host="h")["errors"] == [
+        "host h: d3_models[0] (q): variant 'q' (org/q) is a pre-quantized checkpoint (quant_method set by the checkpoint); with --quantization fp8 vLLM refuses to start: 'Quantization method specified in the model config (None) does not match the quantization method specified in the `quantization` argument (fp8).'. Fix: remove --quantization from d3_models[0].extra_args (vLLM reads it from the checkpoint)"]
+
+
+def test_the_kv_cache_refusal_with_enforce_eager_does_not_offer_it() -> None:
+    assert plan([{"model": "multi", "extra_args": ["--enforce-eager"]}])["errors"] == [
+        "host h: d3_models[0] (multi): multi does not fit: needs 5016 MiB per GPU at TP 1 (weights 2952 + runtime 2048 + KV cache 16 for --max-model-len 4096) but --gpu-memory-utilization 0.5 of 10000 MiB allows 5000 MiB. Fix: lower --max-model-len or raise --tensor-parallel-size in d3_models[0].extra_args, or pick a smaller variant"]
+
+
+@pytest.mark.parametrize(
+    ("variants", "fix"),
+    [({"only": {}}, ""),  # one variant: nothing smaller to pick
+     ({"only": {}, "other": {"hf_repo": "org/other"}}, ", or pick a smaller variant")],
+)  # fmt: skip
+def test_the_kv_cache_refusal_offers_a_smaller_variant_only_when_there_is_another(variants: dict[str, Any], fix: str) -> None:
+    catalog = {"kv": entry(hf_repo="org/kv", instance_name="kv", default_variant="only", variants=variants, kv_cache=KV)}
+    for eager, keep in ((False, ", or keep --enforce-eager"), (True, "")):
+        result = d3_plan([{"model": "kv"}], catalog, {**COMMON, "enforce_eager": eager}, GPU, host="h", options={"allow_cuda_graphs": True})
+        assert result["errors"] == [
+            "host h: d3_models[0] (kv): kv does not fit: needs 5016 MiB per GPU at TP 1 (weights 2952 + runtime 2048 + KV cache 16 for --max-model-len 4096) but --gpu-memory-utilization 0.5 of 10000 MiB allows 5000 MiB. Fix: lower --max-model-len or raise --tensor-parallel-size in d3_models[0].extra_args"
+            + keep + fix]
+
+
+def test_an_unpinned_variant_in_its_own_repository_has_no_release_record() -> None:
+    assert plan([{"model": "multi", "variant": "w4"}], require_revisions=True)["errors"] == [
+        "host h: d3_models[0] (multi): no pinned revision for plain-W4 (multi variant w4). Fix: set d3_model_revisions['plain-W4'] to the full commit SHA of org/plain-W4"]
+
+
+@pytest.mark.parametrize(
+    ("weights_mib", "memory_mib", "hint"),
+    [(8 * 2952 + 1, 10000, "pick a smaller model"),  # TP 8 is 1 MiB short and TP 9 is past the search: none fits
+     (9 * 2952, 10000, "pick a smaller model"),  # would fit exactly at TP 9, which is not searched
+     (2 * 2952, 10000, "use --tensor-parallel-size 2"),  # TP 2 needs exactly the 5000 MiB allowed
+     (2 * 2952 + 1, 10000, "use --tensor-parallel-size 3"),  # TP 2 is 1 MiB over (2953 + 2048 > 5000)
+     # 10001 MiB x 0.5 = 5000.5 MiB allowed: 5905 / 2 = 2952.5 MiB would fit, but a GPU holds whole MiB (2953)
+     (2 * 2952 + 1, 10001, "use --tensor-parallel-size 3")],
+)  # fmt: skip
+def test_the_tensor_parallel_hint_at_its_boundaries(weights_mib: int, memory_mib: int, hint: str) -> None:
+    gpus = [{**GPU[0], "memory_total_mib": memory_mib}]
+    result = d3_plan([{"model": "sized"}], {"sized": sized(weights_mib)}, COMMON, gpus, host="h", options={"allow_cuda_graphs": True})
+    allowed = int(memory_mib * 0.5)
+    assert result["errors"] == [
+        f"host h: d3_models[0] (sized): sized does not fit: needs {weights_mib + 2048} MiB per GPU (weights {weights_mib} MiB / TP 1 + 2048 MiB runtime) but --gpu-memory-utilization 0.5 of {memory_mib} MiB allows {allowed} MiB. Fix: raise --gpu-memory-utilization in d3_models[0].extra_args or {hint}"]
+
+
+def test_an_unknown_variant_of_a_size_with_variants_names_them_and_the_default() -> None:
+    assert plan([{"model": "multi", "variant": "x"}])["errors"] == [
+        "host h: d3_models[0] (multi): multi has no variant 'x'. Fix: set d3_models[0].variant to one of: fp8, w4, nv, ampere, null (or leave it out for fp8)"]

@@ -1,0 +1,48 @@
+"""d3_units refuses inventory values that would reach a unit file as text with a newline or a shell word (the
+validation runs before anything is written; plan.yml's previews go through it too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAY = """- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.import_role: {name: d3_units, tasks_from: validate.yml}
+"""
+
+
+def validate(tmp_path: Path, extra: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    play = tmp_path / "validate.yml"
+    play.write_text(PLAY)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_ROLES_PATH=str(ROOT / "roles"))
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(play), "-e", json.dumps(extra)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"d3_units_cdi_unit": "x.service\n[Service]\nExecStartPre=/bin/sh -c id"},
+        {"d3_units_cdi_unit": "nvidia-cdi-refresh.service\n"},
+        {"d3_units_wait_ready": "/usr/local/bin/x; rm -rf /"},
+        {"d3_units_wait_ready": "relative/path"},
+        {"d3_units_start_timeout_s": "900\nExecStartPre=/bin/true"},
+    ],
+)
+def test_injecting_values_are_refused(tmp_path: Path, extra: dict[str, object]) -> None:
+    proc = validate(tmp_path, {"d3_units_image_ref": "x", **extra})
+    assert proc.returncode != 0
+    assert "Fix the inventory" in proc.stdout and "d3_units_cdi_unit" in proc.stdout
+
+
+def test_the_defaults_and_a_refresh_unit_pass(tmp_path: Path) -> None:
+    proc = validate(tmp_path, {"d3_units_image_ref": "x", "d3_units_cdi_unit": "nvidia-cdi-refresh.service"})
+    assert proc.returncode == 0, proc.stdout

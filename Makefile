@@ -9,14 +9,15 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 .PHONY: help venv lint unit lab-tests test plan lab lab-images lab-down demo molecule mutation clean
 
 help:
-	@echo "make demo      bring up the lab and run site.yml against it"
-	@echo "make test      lint + unit + lab (3 hosts) + lab-tests + molecule (the whole suite)"
+	@echo "make demo      bring up the lab and run site.yml against it (ends with a decision through the router)"
+	@echo "make test      lint + unit + lab (3 hosts) + ee + lab-tests + molecule (the whole suite)"
 	@echo "make lint      ansible-lint (production), yamllint, ruff"
 	@echo "make unit      pytest without the lab (planner, parsers, plan.yml, role specs)"
 	@echo "make plan INVENTORY=inventories/example   print the placement plan"
 	@echo "make lab [LAB_HOSTS=N] / make lab-down   start / remove the simulated L4 lab"
 	@echo "make lab-images / lab-tests / molecule   the lab's images / pytest -m lab / molecule test --all"
-	@echo "make mutation  mutmut on plugins/filter + the collection's modules: score per file, survivors (~4 min)"
+	@echo "make mutation  mutmut on the collection's filters and modules: score per file, survivors (tools/mutation.py --only FILES)"
+	@echo "make bench INVENTORY=... [LIMIT=host] [BENCH_OUT=bench]   decision suite + load: tables, BENCH_OUT/report.json, plots"
 
 $(VENV)/.installed: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,7 +37,7 @@ unit: venv
 
 # Tests that drive the lab (simulator, stand-ins, unit files, site.yml, rollouts); `make lab` first.
 lab-tests: venv
-	pytest -m lab
+	pytest -m lab --durations=25
 
 INVENTORY ?= inventories/example
 plan: venv
@@ -54,17 +55,39 @@ lab-down: venv
 	ansible-playbook playbooks/lab-down.yml
 
 demo: lab
-	ansible-playbook site.yml -i inventories/lab -l l4-nodes
+	ansible-playbook site.yml -i inventories/lab -l 'l4-nodes:d3-routers'
 
 molecule: lab
+	$(MAKE) molecule-run
+
+# molecule alone, on a lab that is up (make test: right after the lab tests)
+.PHONY: molecule-run
+molecule-run: venv
 	molecule test --all
+
+# Benchmark a fleet with a decision suite (playbooks/bench.yml): tables, $(BENCH_OUT)/report.json and the plots beside it.
+.PHONY: bench
+BENCH_OUT ?= bench
+bench: venv
+	ansible-playbook playbooks/bench.yml -i $(INVENTORY) $(if $(LIMIT),-l $(LIMIT)) -e d3_bench_output=$(BENCH_OUT)/report.json
 
 # The whole suite. The rollout tests need 3 lab hosts.
 TEST_LAB_HOSTS ?= 3
-test: lint unit
-	$(MAKE) lab LAB_HOSTS=$(TEST_LAB_HOSTS)
+# The lab comes up (cold: debootstrap, image builds: mostly network and disk) while lint and the unit tests run; the
+# output of each is printed whole when it ends (--output-sync).
+test: venv
+	$(MAKE) -j2 --output-sync=target test-static test-lab-up
+	$(MAKE) ee   # the execution environment image that tests/lab/test_ee.py runs site.yml in
 	$(MAKE) lab-tests
-	$(MAKE) molecule LAB_HOSTS=$(TEST_LAB_HOSTS)
+	$(MAKE) molecule-run   # the lab is up: make lab-tests used it
+
+.PHONY: test-static test-lab-up
+test-static: venv
+	$(MAKE) -j1 lint
+	$(MAKE) -j1 unit
+
+test-lab-up: venv
+	$(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS)
 
 # Mutation testing (not part of make test): stages the sources in .venv/mutation/, see tools/mutation.py.
 $(VENV)/.mutation-installed: $(VENV)/.installed requirements-mutation.txt
@@ -76,3 +99,33 @@ mutation: $(VENV)/.mutation-installed
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The execution environment for AWX / AAP / ansible-navigator (execution-environment.yml; README "Running from AWX").
+# Stages the collections the roles use (containers.podman from the pinned ansible package, d3fleet.fleet from this
+# tree) into ee/collections/, then ansible-builder create + podman build. EE_BASE_IMAGE: here the lab's Debian
+# trixie image (a STAND-IN for docker.io/library/debian:trixie-slim, which is not reachable here). PIP_CERT (set on
+# a machine behind a TLS-intercepting proxy, as here) is mounted into the build only, never copied into the image.
+.PHONY: ee
+EE_IMAGE ?= localhost/d3-fleet-ee:latest
+EE_BASE_IMAGE ?= localhost/d3-lab-host-trixie:latest
+EE_BUILD_CA ?= $(PIP_CERT)
+$(VENV)/.ee-installed: $(VENV)/.installed requirements-ee.txt
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-ee.txt
+	touch $@
+
+ee: $(VENV)/.ee-installed
+	rm -rf ee/collections ee/context
+	mkdir -p ee/collections/containers ee/collections/d3fleet
+	cp -a "$$($(BIN)/python -c 'import ansible_collections.containers.podman as m; print(list(m.__path__)[0])')" ee/collections/containers/podman
+	cp -a collections/ansible_collections/d3fleet/fleet ee/collections/d3fleet/fleet
+	find ee/collections -name __pycache__ -prune -exec rm -rf {} +
+	$(BIN)/ansible-builder create -f execution-environment.yml -c ee/context --output-filename Containerfile
+	# behind a TLS-intercepting proxy: every stage's RUN gets PIP_CERT as a build ARG (an ARG is not kept in the image)
+	$(if $(EE_BUILD_CA),sed -i '/^FROM /a ARG PIP_CERT' ee/context/Containerfile)
+	podman build --pull=never -f ee/context/Containerfile -t $(EE_IMAGE) \
+	  --build-arg EE_BASE_IMAGE=$(EE_BASE_IMAGE) \
+	  $(if $(EE_BUILD_CA),-v $(abspath $(EE_BUILD_CA)):/run/build-ca.crt:ro --build-arg PIP_CERT=/run/build-ca.crt) \
+	  ee/context
+	podman image inspect $(EE_IMAGE) --format '$(EE_IMAGE) {{.Id}} {{.Size}} bytes'
+	# ansible-navigator refuses podman without a /dev/mqueue directory (absent on this VM)
+	mkdir -p /dev/mqueue

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins" / "filter"))
+sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/filter"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 

@@ -6,56 +6,41 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
+from local_http import QuietHandler, serve
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections/ansible_collections/d3fleet/fleet/plugins/modules"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"))
+sys.path.insert(0, str(ROOT / "collections"))  # the module's module_utils import (as Ansible ships it to the host)
 decision = importlib.import_module("decision")
+d3_http = importlib.import_module("ansible_collections.d3fleet.fleet.plugins.module_utils.d3_http")
 
 SECRET = "s3cret-token-123"
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     """Echoes the request as JSON; a few paths answer otherwise."""
 
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length).decode() if length else None
+    def answer(self, body: bytes) -> tuple[int, bytes]:
         if self.path == "/denied":
-            status, raw = 401, b'{"error": "Unauthorized"}'
-        elif self.path == "/empty":
-            status, raw = 200, b""
-        elif self.path == "/notjson":
-            status, raw = 200, b"ok \xff" + b"x" * 2500
-        else:
-            status = 200
-            raw = json.dumps({"method": self.command, "body": body, "type": self.headers.get("Content-Type"),
-                              "auth": self.headers.get("Authorization")}).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    do_GET = do_POST = do_PUT = _answer
-
-    def log_message(self, *args: Any) -> None:
-        pass
+            return 401, b'{"error": "Unauthorized"}'
+        if self.path == "/empty":
+            return 200, b""
+        if self.path == "/notjson":
+            return 200, b"ok \xff" + b"x" * 2500
+        return 200, json.dumps({"method": self.command, "body": body.decode() if body else None,
+                                "type": self.headers.get("Content-Type"), "auth": self.headers.get("Authorization")}).encode()
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve(Handler) as url:
+        yield url
 
 
 def run(capsys: pytest.CaptureFixture[str], **args: Any) -> dict[str, Any]:
@@ -76,7 +61,7 @@ class Clock:
 
 def test_post_sends_the_json_body_and_returns_the_answer(capsys: pytest.CaptureFixture[str], server: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(decision, "time", Clock())
+    monkeypatch.setattr(d3_http, "time", Clock())
     out = run(capsys, url=f"{server}/v1/systemone", body={"questions": {"q": 1}})
     assert out["json"] == {"method": "POST", "body": '{"questions": {"q": 1}}', "type": "application/json", "auth": None}
     assert (out["status"], out["changed"], out["elapsed_ms"]) == (200, False, 234.6)
@@ -124,7 +109,7 @@ def test_timeout_is_passed_to_the_request(capsys: pytest.CaptureFixture[str], mo
         seen.update(url=request.full_url, timeout=timeout)
         raise OSError("timed out")
 
-    monkeypatch.setattr(decision.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(d3_http.urllib.request, "urlopen", urlopen)
     out = run(capsys, url="http://127.0.0.1:9/x", method="GET", timeout=3)
     assert seen == {"url": "http://127.0.0.1:9/x", "timeout": 3}
     assert (out["status"], out["content"]) == (-1, "timed out")

@@ -37,7 +37,7 @@ def test_apt_candidate_and_upstream_version() -> None:
 
 
 def test_download_bytes_prefers_hub_sizes(catalog_vars: dict[str, Any]) -> None:
-    item = {"item": {"item": {"hf_repo": "vllm-sr/d3"}}}
+    item = {"item": {"hf_repo": "vllm-sr/d3"}}
     tree = [
         {"type": "file", "path": "a", "size": 10},
         {"type": "directory", "path": "d", "size": 0},
@@ -65,26 +65,31 @@ def test_apt_candidate_without_a_candidate_line_and_versions_without_digits() ->
 
 def test_download_bytes_counts_files_only_and_names_an_unknown_repo(catalog_vars: dict[str, Any]) -> None:
     catalog = catalog_vars["d3_catalog"]
-    item = {"item": {"item": {"hf_repo": "vllm-sr/d3"}}}
+    item = {"item": {"hf_repo": "vllm-sr/d3"}}
     tree = [{"type": "file", "path": "a", "size": 10}, {"type": "directory", "path": "d", "size": 4096}, "noise"]
     assert download_bytes({**item, "json": tree}, catalog) == 10
     # a directory entry without a size does not make the Hub's file sizes unusable
     assert download_bytes({**item, "json": [{"type": "file", "path": "a", "size": 7}, {"type": "directory"}]}, catalog) == 7
     with pytest.raises(ValueError) as unknown:
-        download_bytes({"item": {"item": {"hf_repo": "nobody/else"}}, "json": {"error": "x"}}, catalog)
+        download_bytes({"item": {"hf_repo": "nobody/else"}, "json": {"error": "x"}}, catalog)
     assert str(unknown.value) == "nobody/else is not in the catalog"
 
 
 def test_host_filter_plugin_exports() -> None:
-    from d3_host import FilterModule
+    from d3_host import FilterModule, file_differs
 
-    assert FilterModule().filters() == {"d3_df_line": df_line, "d3_apt_candidate": apt_candidate, "d3_download_bytes": download_bytes}
+    assert FilterModule().filters() == {
+        "d3_df_line": df_line,
+        "d3_apt_candidate": apt_candidate,
+        "d3_download_bytes": download_bytes,
+        "d3_file_differs": file_differs,
+    }
 
 
 def test_download_bytes_of_a_variant_repository() -> None:
     catalog = {"d3": {"hf_repo": "vllm-sr/d3", "download_gb": 55, "variants": {
         "fp8": {"hf_repo": "vllm-sr/d3-FP8", "download_gb": 30.5}, "same": {"hf_repo": "vllm-sr/d3-same"}, "empty": None}}}  # fmt: skip
-    assert download_bytes({"item": {"item": {"hf_repo": "vllm-sr/d3-FP8"}}}, catalog) == 30_500_000_000
+    assert download_bytes({"item": {"hf_repo": "vllm-sr/d3-FP8"}}, catalog) == 30_500_000_000
     # a variant without its own size downloads as much as its size's checkpoint
-    assert download_bytes({"item": {"item": {"hf_repo": "vllm-sr/d3-same"}}}, catalog) == 55_000_000_000
-    assert download_bytes({"item": {"item": {"hf_repo": "x", "download_bytes": 7}}}, catalog) == 7
+    assert download_bytes({"item": {"hf_repo": "vllm-sr/d3-same"}}, catalog) == 55_000_000_000
+    assert download_bytes({"item": {"hf_repo": "x", "download_bytes": 7}}, catalog) == 7

@@ -1,4 +1,4 @@
-"""Tests of plugins/filter/nvidia_smi.py on real (H200) and synthesized (4 x L4) nvidia-smi outputs."""
+"""Tests of the d3fleet.fleet collection's plugins/filter/nvidia_smi.py on real (H200) and synthesized (4 x L4) nvidia-smi outputs."""
 
 from __future__ import annotations
 

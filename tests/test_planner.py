@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from d3_planner import d3_command_line, d3_plan, host_gpus, split_args
+from d3_planner import d3_plan, split_args
+from d3_render import podman_run
+from l4 import l4_gpus
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
 def plan(catalog_vars: dict[str, Any], models: list[Any], gpus: int = 2, **opts: Any) -> dict[str, Any]:
-    gpu_list = opts.pop("gpu_list", None) or host_gpus(gpus)
+    gpu_list = opts.pop("gpu_list", None) or l4_gpus(gpus)
     return d3_plan(
         models,
         catalog_vars["d3_catalog"],
@@ -69,7 +71,8 @@ def test_golden_each_size(catalog_vars: dict[str, Any], model: str) -> None:
         "--quantization", "fp8",
         "--enforce-eager",
     ]  # fmt: skip
-    assert inst["env"] == {"HF_HUB_OFFLINE": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert inst["env"] == {"HF_HOME": "/root/.cache/huggingface", "HF_HUB_OFFLINE": "1",
+                           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert inst["shm_size"] == shm
     assert inst["gpus"] == list(range(tp))
     assert inst["cdi_devices"] == [f"nvidia.com/gpu={i}" for i in range(tp)]
@@ -94,7 +97,7 @@ def test_27b_renders_the_seed_recipe(catalog_vars: dict[str, Any]) -> None:
     # VRAM: 13 GB per GPU of weights + runtime, inside 0.95 x 23034 MiB
     assert inst["vram_need_mib_per_gpu"] == 12398 + 2048
     assert [g["budget_mib"] for g in result["gpus"]] == [21882, 21882]
-    line = d3_command_line(inst, "docker.io/vllm/vllm-openai@sha256:x")
+    line = podman_run(inst, "docker.io/vllm/vllm-openai@sha256:x")
     assert "--device nvidia.com/gpu=0 --device nvidia.com/gpu=1" in line
     assert "--shm-size 10g" in line
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from d3_planner import Options, _Planner, d3_plan, host_gpus
+from d3_planner import Options, _Planner, d3_plan
+from l4 import l4_gpus
 
 MIB = 1024**2
-COMMON = {"max_position_embeddings": 4096, "quantization": "fp8", "enforce_eager": False, "forbidden_kv_cache_dtypes": ["fp8"], "env": {}}
+COMMON = {"max_position_embeddings": 4096, "quantization": "fp8", "enforce_eager": False, "forbidden_kv_cache_dtypes": ["fp8"], "env": {},
+          "container_hf_home": "/hf"}
 # 2952 MiB of weights + 2048 MiB runtime = 5000 MiB: exactly half of a 10000 MiB GPU
 WEIGHTS_GB = 2952 * MIB / 1e9
 VARIANTS = {
@@ -42,6 +44,7 @@ PROBE = "the field report's sizing table lists this size on one L4 (no run of it
 
 
 def plan(models: list[Any], gpus: list[dict[str, Any]] = GPU, **options: Any) -> dict[str, Any]:
+    options.setdefault("api_key_set", True)  # the key rule has its own tests (test_planner_hardening.py)
     options.setdefault("allow_cuda_graphs", True)
     return d3_plan(models, CATALOG, COMMON, gpus, host="h", options=options)
 
@@ -105,7 +108,7 @@ def test_compute_capability_refusals_name_the_gpu_and_the_variants_that_would_do
 def test_bounds_that_are_allowed() -> None:
     edges = [{"model": "plain", "extra_args": ["--max-model-len=1", "--gpu-memory-utilization=0.5"], "port": 1024},
              {"model": "plain", "name": "p2", "extra_args": ["--max-model-len=4096", "--gpu-memory-utilization=0.5"], "port": 65535}]  # fmt: skip
-    result = plan(edges, gpus=host_gpus(2, 10000))
+    result = plan(edges, gpus=l4_gpus(2, 10000))
     assert result["errors"] == []
     assert [(i["max_model_len"], i["port"]) for i in result["instances"]] == [(1, 1024), (4096, 65535)]
     assert plan([{"model": "plain"}], port_base=65535)["instances"][0]["port"] == 65535
@@ -113,15 +116,15 @@ def test_bounds_that_are_allowed() -> None:
 
 def test_every_bad_port_is_reported() -> None:
     two = plan([{"model": "plain", "port": 1023}, {"model": "plain", "name": "p2", "port": 65536}, {"model": "plain", "name": "p3"}],
-               gpus=host_gpus(3, 10000))  # fmt: skip
+               gpus=l4_gpus(3, 10000))  # fmt: skip
     assert two["errors"] == [
         "host h: d3_models[0] (plain): port 1023 is outside 1024-65535. Fix: choose a port in 1024-65535",
         "host h: d3_models[1] (p2): port 65536 is outside 1024-65535. Fix: choose a port in 1024-65535",
     ]
     clash = plan([{"model": "plain", "port": 9000}, {"model": "plain", "name": "p2", "port": 9000},
-                  {"model": "plain", "name": "p3", "port": 9000}], gpus=host_gpus(3, 10000))  # fmt: skip
+                  {"model": "plain", "name": "p3", "port": 9000}], gpus=l4_gpus(3, 10000))  # fmt: skip
     assert [e.split(": ", 2)[1] for e in clash["errors"]] == ["d3_models[1] (p2)", "d3_models[2] (p3)"]
-    full = plan([{"model": "plain"}, {"model": "plain", "name": "p2"}], gpus=host_gpus(2, 10000), port_base=65536)
+    full = plan([{"model": "plain"}, {"model": "plain", "name": "p2"}], gpus=l4_gpus(2, 10000), port_base=65536)
     assert full["errors"] == ["host h: d3_models[0] (plain): no free port left. Fix: lower d3_port_base",
                               "host h: d3_models[1] (p2): no free port left. Fix: lower d3_port_base"]
 
@@ -131,15 +134,15 @@ def test_shares_add_up_on_a_gpu() -> None:
     small = entry(weights_fp8_gb=0.1)
     catalog = {"s": small}
     models = [{"model": "s", "name": f"s{i}", "extra_args": quarter} for i in range(4)]
-    result = d3_plan(models, catalog, COMMON, host_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})
+    result = d3_plan(models, catalog, COMMON, l4_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})
     assert result["errors"] == [
         "host h: d3_models[3] (s3): VRAM over budget: no 1 GPU(s) with 0.25 of memory left within d3_gpu_share_cap 0.92 (GPU 0: 0.75 used). Fix: remove an instance from this host, lower --gpu-memory-utilization, or use another host"]
     fixed = [{**m, "gpus": [0]} for m in models]
-    result = d3_plan(fixed, catalog, COMMON, host_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})
+    result = d3_plan(fixed, catalog, COMMON, l4_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})
     assert result["errors"] == [
         "host h: d3_models[3] (s3): VRAM over budget on GPU 0: --gpu-memory-utilization 0.25 on top of s0 (0.25), s1 (0.25), s2 (0.25) exceeds d3_gpu_share_cap 0.92 of a shared GPU's memory (vLLM needs its share free at start, and the driver keeps some). Fix: move an instance to another GPU, or lower --gpu-memory-utilization so the shares fit d3_gpu_share_cap"]
     two_gpus = d3_plan([*models, {"model": "s", "name": "s4", "extra_args": ["--gpu-memory-utilization=1"]}], catalog, COMMON,
-                       host_gpus(2, 20000), host="h", options={"allow_cuda_graphs": True, "gpu_share_cap": 0})  # fmt: skip
+                       l4_gpus(2, 20000), host="h", options={"allow_cuda_graphs": True, "gpu_share_cap": 0})  # fmt: skip
     assert two_gpus["errors"][0].endswith("within d3_gpu_share_cap 0 (GPU 0: 1 used; GPU 1: 0.25 used). Fix: remove an instance "
                                           "from this host, lower --gpu-memory-utilization, or use another host")
 
@@ -151,7 +154,7 @@ def test_listen_address_skips_unreadable_host_addresses() -> None:
 
 def test_models_that_are_not_a_list_and_the_default_host() -> None:
     planner = _Planner("h", "d3-mini", CATALOG, COMMON, GPU, Options())  # type: ignore[arg-type]
-    assert planner.run() == {"host": "h", "instances": [], "gpus": [{"index": 0, "name": "NVIDIA L4", "memory_total_mib": 10000,
+    assert planner.run() == {"host": "h", "hf_home": "/var/lib/d3/huggingface", "instances": [], "gpus": [{"index": 0, "name": "NVIDIA L4", "memory_total_mib": 10000,
                                                                        "budget": [], "budget_mib": 0, "free_mib": 10000}],
                              "errors": ["host h: d3_models: expected a list, got str. Fix: write a YAML list"]}  # fmt: skip
     assert d3_plan([{"model": "nope"}], CATALOG, COMMON, GPU)["errors"][0].startswith("host localhost: d3_models[0]: unknown model")
@@ -217,3 +220,9 @@ def test_the_tensor_parallel_hint_at_its_boundaries(weights_mib: int, memory_mib
 def test_an_unknown_variant_of_a_size_with_variants_names_them_and_the_default() -> None:
     assert plan([{"model": "multi", "variant": "x"}])["errors"] == [
         "host h: d3_models[0] (multi): multi has no variant 'x'. Fix: set d3_models[0].variant to one of: fp8, w4, nv, ampere, null (or leave it out for fp8)"]
+
+
+def test_a_variant_that_is_not_a_string_is_refused_not_a_crash() -> None:
+    """`variant: [fp8]` in YAML is a list: refused with the variants to choose from (it raised TypeError: unhashable)."""
+    (error,) = plan([{"model": "multi", "variant": ["fp8"]}])["errors"]
+    assert error.startswith("host h: d3_models[0] (multi): multi has no variant ['fp8']. Fix: set d3_models[0].variant to one of: fp8")

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from d3_planner import d3_plan, host_gpus
+from d3_planner import d3_plan
+from l4 import l4_gpus
 
 H = "host l4-a: "
 
@@ -344,7 +345,8 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_refusal_text(catalog_vars: dict[str, Any], case: str) -> None:
     models, count, options, errors = REFUSALS[case]
-    result = d3_plan(models, catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], host_gpus(count), host="l4-a", options=options)
+    options = {"api_key_set": True, **options}  # the key rule has its own tests (test_planner_hardening.py)
+    result = d3_plan(models, catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], l4_gpus(count), host="l4-a", options=options)
     assert result["errors"] == errors
     assert result["instances"] == []
 

@@ -5,25 +5,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import d3_render
 import pytest
 from d3_planner import (
     FilterModule,
     Options,
     PlanError,
-    d3_command_line,
     d3_plan,
-    d3_plan_report,
     host_gpus,
     split_args,
     state_instances,
-    systemd_quote,
 )
+from d3_render import plan_report as d3_plan_report
+from d3_render import podman_run, systemd_quote
+from l4 import l4_gpus
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
 def plan(catalog_vars: dict[str, Any], models: list[Any], gpus: int = 1, **options: Any) -> dict[str, Any]:
-    return d3_plan(models, catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], host_gpus(gpus), host="l4-a",
+    options.setdefault("api_key_set", True)  # the key rule has its own tests (test_planner_hardening.py)
+    return d3_plan(models, catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], l4_gpus(gpus), host="l4-a",
                    options=options)
 
 
@@ -38,8 +40,15 @@ def test_a_whole_instance(catalog_vars: dict[str, Any]) -> None:
         "args": ["--model", "vllm-sr/d3-mini", "--served-model-name", "d3-mini", "--host", "::", "--port", "9000",
                  "--tensor-parallel-size", "1", "--max-model-len", "32768", "--gpu-memory-utilization", "0.45",
                  "--quantization", "fp8", "--enforce-eager", "--max-num-seqs", "4", "--trust-remote-code"],
-        "env": {"A": "1", "HF_HUB_OFFLINE": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-        "shm_size": "2g", "weights_mib": 3815, "vram_need_mib_per_gpu": 5863, "variant": "bf16-fp8-online",
+        "env": {"HF_HOME": "/root/.cache/huggingface", "A": "1", "HF_HUB_OFFLINE": "1",
+                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        "shm_size": "2g", "image": "IMAGE", "bind_address": "::", "url": "http://[::1]:9000",
+        "hf_home": "/var/lib/d3/huggingface",
+        "cache_path": "/var/lib/d3/huggingface/hub/models--vllm-sr--d3-mini/snapshots/UNPINNED",
+        "volumes": ["/var/lib/d3/huggingface:/root/.cache/huggingface:ro"],
+        "labels": {"io.d3-fleet.instance": "d3-mini", "io.d3-fleet.model": "d3-mini", "io.d3-fleet.revision": "unpinned"},
+        "secret_env": "VLLM_API_KEY", "no_new_privileges": True, "capabilities": [],
+        "weights_mib": 3815, "vram_need_mib_per_gpu": 5863, "variant": "bf16-fp8-online",
         "quant_method": None, "download_bytes": 9_400_000_000,
         "vram_arithmetic_mib_per_gpu": {"weights_mib": 3815, "runtime_mib": 2048, "kv_cache_mib": 1024, "encoder_probe_mib": 0,
                                         "total_mib": 6887},
@@ -66,23 +75,39 @@ def test_health_url_is_where_the_host_reaches_the_instance(catalog_vars: dict[st
 
 def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
     result = plan(catalog_vars, [{"model": "d3-mini"}, {"model": "d3-edge"}], revisions={"d3-mini": SHA})
-    common = "--net host --shm-size 2g img --model"
+
+    def run(name: str, rev: str) -> str:
+        return (f"  podman run --name {name} --pull never --device nvidia.com/gpu=0 --network host --shm-size 2g "
+                "--security-opt label=disable --security-opt no-new-privileges --cap-drop all "
+                "-v /var/lib/d3/huggingface:/root/.cache/huggingface:ro "
+                "-e HF_HOME=/root/.cache/huggingface -e HF_HUB_OFFLINE=1 -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                f"--label io.d3-fleet.instance={name} --label io.d3-fleet.model={name} --label io.d3-fleet.revision={rev} "
+                f"img --model vllm-sr/{name}")
+
     assert d3_plan_report(result, "img") == [
         f"d3-mini: d3-mini (vllm-sr/d3-mini@{SHA}) on GPU 0, port 8000, unit d3-mini.service, needs 6887 MiB/GPU",
         "  variant bf16-fp8-online (no quantization_config), download 9.4 GB; per GPU: weights 3815 + runtime 2048 + KV cache 1024"
         " + encoder probe 0 = 6887 MiB",
-        "  podman run --name d3-mini --device nvidia.com/gpu=0 -e HF_HUB_OFFLINE=1 -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-        f"{common} vllm-sr/d3-mini --revision {SHA} --served-model-name d3-mini --host 127.0.0.1 --port 8000 "
+        run("d3-mini", SHA) + f" --revision {SHA} --served-model-name d3-mini --host 127.0.0.1 --port 8000 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.45 --quantization fp8 --enforce-eager",
         "d3-edge: d3-edge (vllm-sr/d3-edge@UNPINNED) on GPU 0, port 8001, unit d3-edge.service, needs 2812 MiB/GPU",
         "  variant bf16-fp8-online (no quantization_config), download 1.4 GB; per GPU: weights 572 + runtime 2048 + KV cache 192"
         " + encoder probe 0 = 2812 MiB",
-        "  podman run --name d3-edge --device nvidia.com/gpu=0 -e HF_HUB_OFFLINE=1 -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-        f"{common} vllm-sr/d3-edge --served-model-name d3-edge --host 127.0.0.1 --port 8001 "
+        run("d3-edge", "unpinned") + " --served-model-name d3-edge --host 127.0.0.1 --port 8001 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.25 --quantization fp8 --enforce-eager",
         "GPU 0 NVIDIA L4: 16123/23034 MiB budgeted (d3-mini 10365 MiB, d3-edge 5758 MiB), 6911 MiB free",
     ]
     assert d3_plan_report(plan(catalog_vars, [], gpus=1)) == ["GPU 0 NVIDIA L4: 0/23034 MiB budgeted (idle), 23034 MiB free"]
+    # the plan's image unless the caller passes the resolved one; the secret only when named
+    assert " IMAGE --model " in d3_plan_report(result)[2]
+    assert " --secret k,type=env,target=VLLM_API_KEY --label " in d3_plan_report(result, "img", "k")[2]
+    # capabilities given back follow the drop of all
+    (inst,) = plan(catalog_vars, [{"model": "d3-edge"}], capabilities=["cap_sys_nice", "SYS_NICE", "IPC_LOCK"])["instances"]
+    assert inst["capabilities"] == ["IPC_LOCK", "SYS_NICE"]
+    assert " --cap-drop all --cap-add IPC_LOCK --cap-add SYS_NICE -v " in podman_run(inst)
+    assert plan(catalog_vars, [{"model": "d3-edge"}], capabilities=["SYS NICE\n"])["errors"] == [
+        "host l4-a: d3_container_capabilities: ['SYS NICE\\n'] is not a list of capability names (e.g. SYS_NICE). "
+        "Fix: fix the inventory"]
 
 
 def test_the_report_states_one_need_per_instance(catalog_vars: dict[str, Any]) -> None:
@@ -100,16 +125,19 @@ def test_report_of_a_default_variant_and_of_an_unmeasured_one() -> None:
     inst = {"name": "x", "model": "m", "hf_repo": "r/m", "revision": None, "gpus": [0, 1], "port": 8000, "unit": "x",
             "vram_need_mib_per_gpu": 1, "vram_arithmetic_mib_per_gpu": {"total_mib": 7}, "variant": "default",
             "measured_on_hardware": False, "hardware_note": "arithmetic only", "cdi_devices": [], "env": {}, "shm_size": "1g",
-            "args": ["--a"]}  # fmt: skip
+            "args": ["--a"], "volumes": [], "labels": {}, "image": "IMAGE", "secret_env": "S"}  # fmt: skip
+    bare = "  podman run --name x --pull never --network host --shm-size 1g --security-opt label=disable"
     assert d3_plan_report({"instances": [inst], "gpus": []}, "img") == [
         "x: m (r/m@UNPINNED) on GPU 0,1, port 8000, unit x.service, needs 7 MiB/GPU",  # the arithmetic's total
         "  NOT YET MEASURED ON HARDWARE: arithmetic only",
-        "  podman run --name x --net host --shm-size 1g img --a",
+        bare + " img --a",
     ]
     assert d3_plan_report({"instances": [{**inst, "variant": None, "measured_on_hardware": None}], "gpus": []})[1] == (
-        "  podman run --name x --net host --shm-size 1g IMAGE --a")
-    assert d3_command_line({**inst, "cdi_devices": ["nvidia.com/gpu=0"], "env": {"A": "1"}}) == (
-        "podman run --name x --device nvidia.com/gpu=0 -e A=1 --net host --shm-size 1g IMAGE --a")
+        bare + " IMAGE --a")
+    # shell quoting: a value with a space or a quote is one word for a shell
+    assert podman_run({**inst, "cdi_devices": ["nvidia.com/gpu=0"], "env": {"A": "1 2"}, "args": ["--x", "it's"]}) == (
+        "podman run --name x --pull never --device nvidia.com/gpu=0 --network host --shm-size 1g --security-opt "
+        "label=disable -e 'A=1 2' IMAGE --x 'it'\"'\"'s'")
 
 
 def test_state_instances_keeps_what_runs_where(catalog_vars: dict[str, Any]) -> None:
@@ -140,8 +168,8 @@ def test_systemd_quote(word: Any, quoted: str) -> None:
 
 
 def test_split_args() -> None:
-    assert split_args(["-tp", "2", "--a=b=c", "--flag", "--x", "--enforce-eager", "--last"]) == [
-        ("--tensor-parallel-size", "2"), ("--a", "b=c"), ("--flag", None), ("--x", None), ("--enforce-eager", None),
+    assert split_args(["-tp", "2", "--zz=b=c", "--flag", "--x", "--enforce-eager", "--last"]) == [
+        ("--tensor-parallel-size", "2"), ("--zz", "b=c"), ("--flag", None), ("--x", None), ("--enforce-eager", None),
         ("--last", None)]  # fmt: skip
     assert split_args(["-tp=4", "--max-num-seqs", 8]) == [("--tensor-parallel-size", "4"), ("--max-num-seqs", "8")]
     assert split_args(["--enforce-eager", "-1"]) == [("--enforce-eager", None), ("-1", None)]
@@ -167,11 +195,19 @@ def test_options_and_helpers() -> None:
     assert Options.from_dict(None) == Options()
     assert Options.from_dict({"port_base": 9}).port_base == 9
     assert (Options().gpu_share_cap, Options().vram_overhead_mib, Options().listen_address) == (0.92, 2048, "127.0.0.1")
+    # None = not set in the inventory; numbers from an inventory may be strings
+    assert Options.from_dict({"port_base": None, "gpu_share_cap": "0.5", "vram_overhead_mib": "10"}) == Options(
+        gpu_share_cap=0.5, vram_overhead_mib=10)
+    with pytest.raises(PlanError, match=r"^d3_port_base: 'x' is not a number$"):
+        Options.from_dict({"port_base": "x"})
     assert host_gpus(2, 100, "NVIDIA X") == [{"index": 0, "name": "NVIDIA X", "memory_total_mib": 100},
                                              {"index": 1, "name": "NVIDIA X", "memory_total_mib": 100}]
-    assert host_gpus("1") == [{"index": 0, "name": "NVIDIA L4", "memory_total_mib": 23034}]  # type: ignore[arg-type]
+    assert host_gpus("1", "23034", "NVIDIA L4") == [{"index": 0, "name": "NVIDIA L4", "memory_total_mib": 23034}]  # type: ignore[arg-type]
 
 
 def test_filter_plugin_exports() -> None:
-    assert FilterModule().filters() == {"d3_plan": d3_plan, "d3_host_gpus": host_gpus, "d3_plan_report": d3_plan_report,
-                                        "d3_state_instances": state_instances, "d3_systemd_quote": systemd_quote}
+    assert FilterModule().filters() == {"d3_plan": d3_plan, "d3_host_gpus": host_gpus, "d3_state_instances": state_instances}
+    assert d3_render.FilterModule().filters() == {
+        "d3_podman_args": d3_render.podman_args, "d3_podman_run": podman_run,
+        "d3_quadlet_container": d3_render.quadlet_container, "d3_exec_lines": d3_render.exec_lines,
+        "d3_plan_report": d3_plan_report, "d3_systemd_quote": systemd_quote}

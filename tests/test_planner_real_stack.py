@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from d3_planner import d3_plan, host_gpus
+from d3_planner import d3_plan
+from l4 import l4_gpus
 
 
 def plan(catalog_vars: dict[str, Any], models: list[Any], gpus: int = 2, **opts: Any) -> dict[str, Any]:
-    return d3_plan(models, catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], host_gpus(gpus), "l4-a", opts)
+    opts.setdefault("api_key_set", True)  # a key is set: the listen-address tests below are not about the key rule
+    return d3_plan(models, catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], l4_gpus(gpus), "l4-a", opts)
 
 
 def lite(name: str, util: str, gpus: list[int] | None = None) -> dict[str, Any]:

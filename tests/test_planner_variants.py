@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 from d3_host import download_bytes
-from d3_planner import d3_plan, d3_plan_report, host_gpus, split_args
+from d3_planner import d3_plan, split_args
+from d3_render import plan_report as d3_plan_report
+from l4 import l4_gpus
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "89abcdef0123456789abcdef0123456789abcdef"
@@ -16,7 +18,7 @@ L4_BUDGET_095 = int(23034 * 0.95)  # 21882 MiB
 
 
 def plan(catalog_vars: dict[str, Any], models: list[Any], gpus: int = 2, **opts: Any) -> dict[str, Any]:
-    gpu_list = opts.pop("gpu_list", None) or host_gpus(gpus)
+    gpu_list = opts.pop("gpu_list", None) or l4_gpus(gpus)
     return d3_plan(models, catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], gpu_list, "l4-a", opts)
 
 
@@ -138,11 +140,11 @@ def test_w4a16_without_enforce_eager_counts_the_encoder_probe(catalog_vars: dict
 def test_disk_fallback_uses_the_planned_variants_size(catalog_vars: dict[str, Any]) -> None:
     catalog = catalog_vars["d3_catalog"]
     inst = one(plan(catalog_vars, [{"model": "d3", "variant": "fp8"}]))
-    assert download_bytes({"item": {"item": inst}, "status": -1}, catalog) == 31_900_000_000
+    assert download_bytes({"item": inst, "status": -1}, catalog) == 31_900_000_000
     # an instance record without download_bytes (older plan): found by the variant's repository
-    assert download_bytes({"item": {"item": {"hf_repo": "vllm-sr/d3-W4A16-AWQ"}}, "status": -1}, catalog) == 16_200_000_000
+    assert download_bytes({"item": {"hf_repo": "vllm-sr/d3-W4A16-AWQ"}, "status": -1}, catalog) == 16_200_000_000
     tree = [{"type": "file", "path": "model.safetensors", "size": 123}]
-    assert download_bytes({"item": {"item": inst}, "json": tree}, catalog) == 123  # the Hub's sizes first
+    assert download_bytes({"item": inst, "json": tree}, catalog) == 123  # the Hub's sizes first
 
 
 # --- refusals ---------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Unit tests of the smoke filter (plugins/filter/d3_smoke.py) beyond tests/contracts/: the exact problem
+"""Unit tests of the smoke filter (d3fleet.fleet plugins/filter/d3_smoke.py) beyond tests/contracts/: the exact problem
 messages, the bounds of each answer type, probe rows, and the fleet table's alignment."""
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ on first use); the comparison of the two styles needs only plan.yml (unit suite)
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -29,7 +31,8 @@ def render_units(tmp: Path, hosts: dict[str, dict]) -> subprocess.CompletedProce
     unreachable = {"ansible_host": "192.0.2.1", "ansible_port": 1}
     inventory = {"all": {"children": {"l4-nodes": {"hosts": {h: {**unreachable, **v} for h, v in hosts.items()}}}}}
     (tmp / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}",
+               ANSIBLE_CALLBACK_RESULT_FORMAT="json")  # the printed plan read back exactly (printed_podman_runs)
     return subprocess.run(
         [str(BIN / "ansible-playbook"), "playbooks/plan.yml", "-i", str(tmp / "hosts.yml"), "-e", f"d3_units_render_dir={tmp / 'out'}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
@@ -58,8 +61,20 @@ def unitcheck_image() -> str:
     return IMAGE
 
 
+def printed_podman_runs(stdout: str) -> dict[str, list[str]]:
+    """The `podman run` lines plan.yml printed (its "Show the plan" task), split as a shell splits them, by unit."""
+    runs: dict[str, list[str]] = {}
+    show = stdout.split("TASK [d3_units : Show the plan]", 1)[1].split("TASK [", 1)[0]
+    for block in re.findall(r"^ok: \[[^\]]+\] => (\{.*?^\})", show, flags=re.M | re.S):
+        for line in json.loads(block)["msg"]:
+            if line.startswith("  podman run "):
+                words = shlex.split(line)
+                runs[words[words.index("--name") + 1]] = words[2:]
+    return runs
+
+
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def plan_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[str]]]:
     """All six sizes rendered by plan.yml: the 27B on a 2 x L4 host, the five others sharing a 4 x L4 host."""
     tmp = tmp_path_factory.mktemp("units")
     hosts = {
@@ -73,7 +88,64 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     proc = render_units(tmp, hosts)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    return tmp / "out"
+    return tmp / "out", printed_podman_runs(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def rendered(plan_run: tuple[Path, dict[str, list[str]]]) -> Path:
+    return plan_run[0]
+
+
+# What podman's Quadlet generator turns each [Container] key into (pkg/systemd/quadlet/quadlet.go), and the options
+# it adds on its own (and the classic unit's own, `podman generate systemd --new` style): not instance facts.
+QUADLET_OPTION = {"ContainerName": "--name", "Pull": "--pull", "AddDevice": "--device", "Network": "--network",
+                  "ShmSize": "--shm-size", "Volume": "-v", "Environment": "-e", "Secret": "--secret", "Label": "--label",
+                  "DropCapability": "--cap-drop", "AddCapability": "--cap-add"}
+LONG_NAMES = {"--env": "-e", "--volume": "-v", "--net": "--network"}
+RUNTIME_OPTIONS = {"--cidfile", "--replace", "--rm", "--cgroups", "--sdnotify", "-d", "--detach"}
+
+
+def quadlet_as_podman_args(text: str) -> list[str]:
+    """A .container file's [Container] section as the `podman run` arguments it stands for."""
+    section = text.split("[Container]\n", 1)[1].split("\n[", 1)[0]
+    options: list[str] = []
+    image, exec_args = "", []
+    for line in filter(None, section.splitlines()):
+        key, value = line.split("=", 1)
+        if key == "Image":
+            image = value
+        elif key == "Exec":
+            exec_args = [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(value)]
+        elif key == "SecurityLabelDisable":
+            assert value == "true"
+            options += ["--security-opt", "label=disable"]
+        elif key == "NoNewPrivileges":
+            assert value == "true"
+            options += ["--security-opt", "no-new-privileges"]
+        else:
+            word = shlex.split(value)[0] if key == "Environment" else value
+            options += [QUADLET_OPTION[key], word.replace("%%", "%").replace("$$", "$")]
+    return [*options, image, *exec_args]
+
+
+def normalized(args: list[str], image: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(option, value) pairs, sorted, without the runtime's own options; then the image and vLLM's arguments."""
+    cut = args.index(image)
+    pairs, i = [], 0
+    while i < cut:
+        word = args[i]
+        if "=" in word and word.startswith("--"):
+            name, value = word.split("=", 1)
+            i += 1
+        elif word in RUNTIME_OPTIONS:
+            name, value = word, ""
+            i += 1
+        else:
+            name, value = word, args[i + 1]
+            i += 2
+        if name not in RUNTIME_OPTIONS:
+            pairs.append((LONG_NAMES.get(name, name), value))
+    return sorted(pairs), args[cut:]
 
 
 HELPERS = ROOT / "roles" / "d3_units" / "files"
@@ -89,7 +161,9 @@ def in_container(image: str, units: Path, script: str) -> subprocess.CompletedPr
 
 
 @pytest.mark.lab
-def test_quadlet_generator_accepts_every_container_file(unitcheck_image: str, rendered: Path) -> None:
+def test_quadlet_generator_accepts_every_container_file(unitcheck_image: str, plan_run: tuple[Path, dict[str, list[str]]]) -> None:
+    """podman 5.4's Quadlet generator takes every .container file and writes the very container plan.yml prints."""
+    rendered, printed = plan_run
     proc = in_container(
         unitcheck_image,
         rendered,
@@ -118,6 +192,12 @@ def test_quadlet_generator_accepts_every_container_file(unitcheck_image: str, re
     assert tail[:4] == ["--model", "vllm-sr/d3", "--revision", SHA]
     assert "--enforce-eager" in tail and tail[tail.index("--tensor-parallel-size") + 1] == "2"
     assert "WantedBy=multi-user.target" in section
+    for name, line in printed.items():
+        generated = out.split(f"---{name}.service---", 1)[1].split("---", 1)[0]
+        words = shlex.split(next(w for w in generated.splitlines() if w.startswith("ExecStart=")).removeprefix("ExecStart="))
+        assert words[:2] == ["/usr/bin/podman", "run"], words
+        image = next(w for w in line if w.startswith("docker.io/vllm/"))
+        assert normalized(words[2:], image) == normalized(line, image), name
     small = out.split("---d3-mini.service---", 1)[1].split("---", 1)[0]
     assert "--secret d3-api-key,type=env,target=VLLM_API_KEY" in small
     assert "not-a-real-key" not in out
@@ -140,17 +220,29 @@ def test_systemd_accepts_classic_and_generated_units(unitcheck_image: str, rende
     assert complaints == [], complaints
 
 
-def test_classic_unit_runs_the_same_command(rendered: Path) -> None:
-    """The classic unit carries the same image, devices, args, env and read-only cache as the Quadlet file."""
-    service = (rendered / "l4-big" / "d3-27b.service").read_text()
-    container = (rendered / "l4-big" / "d3-27b.container").read_text()
-    exec_line = container.split("\nExec=", 1)[1].splitlines()[0]
-    assert exec_line in service.replace("\\\n\t", "")
-    for device in ("nvidia.com/gpu=0", "nvidia.com/gpu=1"):
-        assert f"--device {device}" in service and f"AddDevice={device}" in container
-    assert "--shm-size 10g" in service and "ShmSize=10g" in container
-    assert "-v /var/lib/d3/huggingface:/root/.cache/huggingface:ro" in service
-    assert "-e HF_HUB_OFFLINE=1" in service and "Environment=HF_HUB_OFFLINE=1" in container
-    assert "Restart=on-failure" in service and "Restart=on-failure" in container
-    assert "TimeoutStartSec=900" in service and "TimeoutStartSec=900" in container
-    assert service.startswith("#\n# Ansible managed") and container.startswith("#\n# Ansible managed")
+def test_plan_line_quadlet_and_classic_unit_carry_the_same_container(plan_run: tuple[Path, dict[str, list[str]]]) -> None:
+    """For every catalog model: the `podman run` line plan.yml prints, the Quadlet file and the classic unit carry
+    the same arguments, environment, devices, volumes, labels and secret (one renderer, d3_render.py)."""
+    rendered, printed = plan_run
+    units = {p.stem: p for p in rendered.glob("*/*.container")}
+    assert sorted(printed) == sorted(units) == sorted(["d3-27b", "d3-flash", "d3-mini", "d3-nano", "d3-lite", "d3-edge"])
+    for name, path in units.items():
+        line = printed[name]
+        image = next(w for w in line if w.startswith("docker.io/vllm/"))
+        quadlet = quadlet_as_podman_args(path.read_text())
+        service = path.with_suffix(".service").read_text()
+        exec_start = service.split("ExecStart=", 1)[1].split("\nExecStop=", 1)[0].replace("\\\n\t", " ")
+        classic = [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(exec_start)][2:]  # podman run
+        want = normalized(line, image)
+        assert normalized(quadlet, image) == want, name
+        assert normalized(classic, image) == want, name
+        assert ("-v", "/var/lib/d3/huggingface:/root/.cache/huggingface:ro") in want[0]
+        assert ("-e", "HF_HOME=/root/.cache/huggingface") in want[0]
+        assert ("--label", f"io.d3-fleet.instance={name}") in want[0]
+        assert any(p[0] == "--device" for p in want[0])
+        assert ("--security-opt", "no-new-privileges") in want[0] and ("--cap-drop", "all") in want[0]
+        secret = ("--secret", "d3-api-key,type=env,target=VLLM_API_KEY")
+        assert (secret in want[0]) == (name != "d3-27b"), name  # the key is set on l4-small only
+    # the whole line, as a reader of plan.yml sees it, for the 27B
+    assert printed["d3-27b"][:8] == ["--name", "d3-27b", "--pull", "never", "--device", "nvidia.com/gpu=0", "--device",
+                                     "nvidia.com/gpu=1"]

@@ -35,14 +35,27 @@ def validate(tmp_path: Path, extra: dict[str, object]) -> subprocess.CompletedPr
         {"d3_units_wait_ready": "/usr/local/bin/x; rm -rf /"},
         {"d3_units_wait_ready": "relative/path"},
         {"d3_units_start_timeout_s": "900\nExecStartPre=/bin/true"},
+        {"d3_units_start_timeout_s": "900\n"},
+        {"d3_units_api_key_secret": "d3-api-key\n[Service]"},
+        {"d3_units_api_key_secret": "a b"},
+        {"d3_units_api_key_fingerprint_file": "/var/lib/d3/x\n"},
     ],
 )
 def test_injecting_values_are_refused(tmp_path: Path, extra: dict[str, object]) -> None:
     proc = validate(tmp_path, {"d3_units_image_ref": "x", **extra})
     assert proc.returncode != 0
-    assert "Fix the inventory" in proc.stdout and "d3_units_cdi_unit" in proc.stdout
+    (name,) = extra
+    assert "Fix the inventory" in proc.stdout and f"host localhost: {name} = " in proc.stdout, proc.stdout[-2000:]
 
 
 def test_the_defaults_and_a_refresh_unit_pass(tmp_path: Path) -> None:
     proc = validate(tmp_path, {"d3_units_image_ref": "x", "d3_units_cdi_unit": "nvidia-cdi-refresh.service"})
     assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("key", ["zq1 zq2", "zq3\nzq4", "zq5\tzq6"])
+def test_an_api_key_a_secret_cannot_hold_is_refused_without_showing_it(tmp_path: Path, key: str) -> None:
+    proc = validate(tmp_path, {"d3_units_image_ref": "x", "d3_units_api_key": key})
+    assert proc.returncode != 0
+    assert "d3_units_api_key contains whitespace or a control character (not shown: it is a secret)" in proc.stdout
+    assert "zq" not in proc.stdout + proc.stderr

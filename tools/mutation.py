@@ -1,7 +1,7 @@
-"""Mutation testing (make mutation): mutmut on plugins/filter/*.py and the collection's modules.
+"""Mutation testing (make mutation): mutmut on the d3fleet.fleet collection's filters's modules.
 
 The unit tests import the filters as top-level modules (``import d3_planner``, tests/conftest.py puts
-plugins/filter on sys.path) and the module as ``import decision``; mutmut names a mutant after the file's path,
+the collection's plugins/filter on sys.path) and the module as ``import decision``; mutmut names a mutant after the file's path,
 so the sources are staged flat under .venv/mutation/src/ (mutmut strips ``src.``), next to a copy of tests/ and
 roles/. Each mutant runs only the unit tests that call the mutated function (mutmut's stats), under
 ``-m "not lab"``. Then this prints the score per file and every surviving mutant's diff, and exits 1 when a
@@ -9,6 +9,7 @@ file scores below MIN_SCORE.
 
     python tools/mutation.py            # stage, run, report
     python tools/mutation.py --report   # report the last run again
+    python tools/mutation.py --only d3_router,smoke   # only these files (stems), e.g. after changing them
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # inside .venv/: git, ruff, yamllint and ansible-lint already ignore it (the stage holds copies of tests/ and roles/)
-STAGE = ROOT / ".venv" / "mutation"
-MODULES = ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"
-SOURCES = sorted((ROOT / "plugins/filter").glob("*.py")) + sorted(MODULES.glob("*.py"))
+STAGE = Path(os.environ.get("MUTATION_STAGE") or ROOT / ".venv" / "mutation")  # MUTATION_STAGE: runs side by side
+COLLECTION = ROOT / "collections/ansible_collections/d3fleet/fleet/plugins"
+MODULES = COLLECTION / "modules"
+ALL_SOURCES = sorted((COLLECTION / "filter").glob("*.py")) + sorted(MODULES.glob("*.py"))
+SOURCES = list(ALL_SOURCES)
 MIN_SCORE = 90.0
 KILLED = {"killed", "timeout", "caught by type check"}
 
@@ -48,20 +51,29 @@ def stage(tests: list[str]) -> None:
     if STAGE.exists():
         shutil.rmtree(STAGE)
     (STAGE / "src").mkdir(parents=True)
+    (STAGE / "lib").mkdir()
     for path in SOURCES:
         shutil.copy2(path, STAGE / "src" / path.name)
+    for path in ALL_SOURCES:  # with --only: the other sources, importable but not mutated
+        if path not in SOURCES:
+            shutil.copy2(path, STAGE / "lib" / path.name)
     shutil.copytree(ROOT / "tests", STAGE / "tests", ignore=shutil.ignore_patterns("lab", "__pycache__"))
     shutil.copytree(ROOT / "roles", STAGE / "roles")
-    args = ", ".join(json.dumps(a) for a in ["-m", "not lab", "-p", "no:cacheprovider", "-W", "ignore"])
+    # the modules' module_utils, where the tests find them (ROOT/collections on sys.path); only module_utils, so the
+    # tests' own sys.path entries for the filters and modules find nothing there and import the (mutated) src/ copies
+    utils = "collections/ansible_collections/d3fleet/fleet/plugins/module_utils"
+    shutil.copytree(ROOT / utils, STAGE / utils, ignore=shutil.ignore_patterns("__pycache__"))
+    args = ", ".join(json.dumps(a) for a in ["-m", "not lab and not playbook", "-p", "no:cacheprovider", "-W", "ignore"])
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
-        'also_copy = ["roles"]\n'
+        'also_copy = ["roles", "lib", "collections"]\n'
         f"pytest_add_cli_args = [{args}]\n"
         f"pytest_add_cli_args_test_selection = [{', '.join(json.dumps(t) for t in tests)}]\n"
         "use_git_change_detection = false\n"
         "\n[tool.pytest.ini_options]\n"
-        'markers = ["lab: needs the lab"]\n'
+        'markers = ["lab: needs the lab", "playbook: runs ansible-playbook"]\n'
+        'pythonpath = ["lib"]\n'
     )
 
 
@@ -131,7 +143,15 @@ def report(elapsed: float | None) -> int:
 
 
 def main() -> int:
-    if "--report" in sys.argv[1:]:
+    global SOURCES
+    args = sys.argv[1:]
+    if "--only" in args:
+        wanted = set(args[args.index("--only") + 1].split(","))
+        unknown = wanted - {p.stem for p in SOURCES}
+        if unknown:
+            sys.exit(f"--only: no source named {', '.join(sorted(unknown))} (known: {', '.join(p.stem for p in SOURCES)})")
+        SOURCES = [p for p in SOURCES if p.stem in wanted]
+    if "--report" in args:
         return report(None)
     return report(run())
 

@@ -34,7 +34,17 @@ Environment knobs (simulator only):
   D3_SIM_COLD_START_S     cold start in seconds, overriding the per-size default (tests)
   D3_SIM_COLD_START_SCALE factor on the per-size cold start (default 1.0: 150 s for d3's 52.2 GB of BF16 weights,
                           the field report's 2.5 min, proportional to the checkpoint size); the lab image sets it
-  D3_SIM_MS_PER_QUESTION  request latency per question (default 5)
+  D3_SIM_MS_PER_QUESTION  fixed request latency per question in ms, overriding the per-size latency below (tests)
+  D3_SIM_LATENCY_SCALE    factor on the per-size request latency (default 1.0)
+  D3_SIM_MAX_NUM_SEQS     requests served at once (default 8, like a small --max-num-seqs); more wait in a queue
+  D3_SIM_BATCH_SLOWDOWN   each request already running adds this fraction to a new one's latency (default 0.3)
+
+Request latency and answers per model size (LAB STAND-IN, for playbooks/bench.yml; see SizeProfile): a request
+takes REQUEST_BASE_MS + questions x per-question ms, the per-question ms growing with the weights per GPU, fitted
+to the field report's two measured points (d3 27B TP 2: 4 questions ~470 ms; d3-flash: ~215 ms), so lab latencies
+resemble them BY CONSTRUCTION and say nothing about D3. Answers follow the state's words (keyword and concept
+overlap) plus deterministic per-model noise that is larger for smaller checkpoints, so a decision suite's accuracy
+differs per case and per model. Every figure measured against the simulator is simulated.
   D3_SIM_BEHAVIOUR=never-ready (baked into the nightly-broken tag).
 Stdlib only; Python 3.11.
 """
@@ -745,11 +755,23 @@ CONCEPTS = [
     {"urgent", "asap", "immediately", "now", "hour", "today", "quickly", "emergency"},
     {"angry", "furious", "upset", "annoyed", "unacceptable", "terrible", "worst", "twice"},
     {"yes", "true", "positive", "good", "correct"},
+    {"calm", "thanks", "thank", "please", "rush", "whenever", "fine", "kindly", "wait", "patient", "later"},
 ]
 
 
 def words(text: str) -> set[str]:
     return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 2}
+
+
+NEGATIONS = {"not", "no", "never", "nobody", "without", "only"}
+
+
+def words_read(text: str) -> set[str]:
+    """words() without the two words after a negation ("not urgent", "no access problem"): how the larger
+    simulated models read a state (SizeProfile.reads_negation)."""
+    seq = re.findall(r"[a-z0-9]+", text.lower())
+    skip = {j for i, w in enumerate(seq) if w in NEGATIONS for j in (i + 1, i + 2)}
+    return {w for i, w in enumerate(seq) if len(w) > 2 and i not in skip}
 
 
 def concepts(ws: set[str]) -> set[int]:
@@ -780,31 +802,40 @@ def softmax(logits: list[float]) -> list[float]:
     return [x / s for x in ex]
 
 
-def answer(state: Any, qid: str, q: dict[str, Any], instructions: str = "") -> dict[str, Any]:
-    """Deterministic simulated answer: hash noise (amplitude 0.5) + keyword/concept overlap with the state."""
+def answer(state: Any, qid: str, q: dict[str, Any], instructions: str = "",
+           profile: SizeProfile | None = None) -> dict[str, Any]:
+    """Deterministic simulated answer: hash noise + keyword/concept overlap with the state. Without a profile the
+    noise has amplitude 0.5 and is the same for every model; with one it is seeded by the model and scaled."""
     st = state_text(state)
-    sw = words(st) | (words(instructions) if instructions else set())
-    ctx = (st, qid, q["instructions"])
+    read = words_read if profile is not None and profile.reads_negation else words
+    sw = read(st) | (words(instructions) if instructions else set())
+    ctx: tuple[str, ...] = (st, qid, q["instructions"])
+    amp = 1.0
+    if profile is not None:
+        ctx = (*ctx, profile.key)
+        amp = profile.amplitude / 0.5
     kind, crit = q["type"], q.get("criteria")
     if kind == "choice":
         opts = list(crit)
-        logits = [0.5 * noise(*ctx, o) + relevance(sw, f"{o} {crit[o] or ''}") for o in opts]
+        logits = [amp * 0.5 * noise(*ctx, o) + relevance(sw, f"{o} {crit[o] or ''}") for o in opts]
         probs = dict(zip(opts, softmax(logits), strict=True))
         best = max(opts, key=lambda o: probs[o])
         return {"type": "choice", "choice": best, "probabilities": probs, "confidence": probs[best] * LABEL_MASS}
     if kind == "noul":
         yes_text = f"yes {q['instructions']} {(crit or {}).get('true', '')}"
         no_text = f"no {(crit or {}).get('false', '')}"
-        p_yes = softmax([0.5 * noise(*ctx, "true") + 0.5 * relevance(sw, yes_text),
-                         0.5 * noise(*ctx, "false") + 0.5 * relevance(sw, no_text)])[0]
+        p_yes = softmax([amp * 0.5 * noise(*ctx, "true") + 0.5 * relevance(sw, yes_text),
+                         amp * 0.5 * noise(*ctx, "false") + 0.5 * relevance(sw, no_text)])[0]
         # vLLM NoulQuestion.answer: noul = P(yes), probabilities keyed yes/no (tests/contracts/vllm/)
         return {"type": "noul", "noul": p_yes, "probabilities": {"yes": p_yes, "no": 1.0 - p_yes},
                 "confidence": max(p_yes, 1.0 - p_yes) * LABEL_MASS}
     levels = [str(x) for x in crit]
     n = len(levels)
-    # intensity in [0, 1]: overlap pushes up the scale, the hash wiggles it
-    intensity = min(1.0, max(0.0, 0.5 + 0.25 * noise(*ctx) + 0.1 * relevance(sw, q["instructions"])))
-    logits = [-((i / (n - 1) - intensity) ** 2) * 8.0 + 0.2 * noise(*ctx, lv) for i, lv in enumerate(levels)]
+    # intensity in [0, 1]: overlap with the question and with the top level push up the scale, overlap with the
+    # bottom level pushes it down, the hash wiggles it
+    lean = relevance(sw, levels[-1]) - relevance(sw, levels[0])
+    intensity = min(1.0, max(0.0, 0.5 + amp * 0.25 * noise(*ctx) + 0.1 * relevance(sw, q["instructions"]) + 0.08 * lean))
+    logits = [-((i / (n - 1) - intensity) ** 2) * 8.0 + amp * 0.2 * noise(*ctx, lv) for i, lv in enumerate(levels)]
     probs = softmax(logits)
     # vLLM ScoreQuestion.answer: score = expected 0-based level index; legend and probabilities keyed "0".."n-1"
     return {"type": "score", "score": sum(i * p for i, p in enumerate(probs)),
@@ -813,9 +844,10 @@ def answer(state: Any, qid: str, q: dict[str, Any], instructions: str = "") -> d
             "confidence": max(probs) * LABEL_MASS}
 
 
-def decide(body: dict[str, Any], model: str, questions: dict[str, Any]) -> dict[str, Any]:
+def decide(body: dict[str, Any], model: str, questions: dict[str, Any],
+           profile: SizeProfile | None = None) -> dict[str, Any]:
     instr = body.get("instructions") or ""
-    answers = {qid: answer(body["state"], qid, q, instr) for qid, q in questions.items()}
+    answers = {qid: answer(body["state"], qid, q, instr, profile) for qid, q in questions.items()}
     prompt_tokens = len(re.findall(r"\S+", state_text(body["state"]) + json.dumps(questions))) * 4 // 3
     return {
         "id": "sd-" + uuid.uuid4().hex,
@@ -829,6 +861,56 @@ def decide(body: dict[str, Any], model: str, questions: dict[str, Any]) -> dict[
     }
 
 
+# --------------------------------------------------------------------------------------------- per-size behaviour
+# LAB STAND-IN calibration (not a property of D3): the field report's latencies, 4 questions, enforce-eager +
+# expandable_segments: d3 (27B, FP8 online, TP 2: 12.15 GiB of weights per GPU) ~470 ms; d3-flash (9B, 9.03 GiB)
+# ~215 ms. Per-question ms = 1 + A x (GiB of weights per GPU) ** P through those two points (8 ms per request).
+REQUEST_BASE_MS = 8.0
+_FIT = ((12.15, (470.0 - REQUEST_BASE_MS) / 4 - 1.0), (9.03, (215.0 - REQUEST_BASE_MS) / 4 - 1.0))
+LATENCY_P = math.log(_FIT[0][1] / _FIT[1][1]) / math.log(_FIT[0][0] / _FIT[1][0])
+LATENCY_A = _FIT[0][1] / _FIT[0][0] ** LATENCY_P
+
+
+def per_question_ms(weights_gib_per_gpu: float) -> float:
+    """Simulated ms per question for a model holding this many GiB of weights per GPU (see _FIT)."""
+    return 1.0 + LATENCY_A * max(0.0, weights_gib_per_gpu) ** LATENCY_P
+
+
+@dataclass(frozen=True)
+class SizeProfile:
+    """Per-model answer behaviour: `key` (the checkpoint repository) seeds the noise, `amplitude` scales it.
+    Larger checkpoints follow the state's words more closely: amplitude = 0.3 + 1.1 / sqrt(checkpoint GB), so
+    d3 (52.2 GB) 0.45, d3-flash 0.55, d3-mini 0.66, d3-nano 0.81, d3-lite 1.12, d3-edge 1.23 (below 1.5, so the
+    smoke test's billing ticket, 3.0 logits ahead, is still answered billing by every size). Checkpoints of 8 GB
+    and more (d3-flash, d3, d3-mini) also skip the two words after a negation (words_read), so they avoid some traps
+    ("not urgent") that the smaller ones fall into."""
+
+    key: str
+    amplitude: float
+    reads_negation: bool = False
+
+    @classmethod
+    def of(cls, repo: str, checkpoint_bytes: int) -> SizeProfile:
+        return cls(repo, round(0.3 + 1.1 / math.sqrt(max(checkpoint_bytes, 1e8) / 1e9), 4), checkpoint_bytes >= 8e9)
+
+
+@contextlib.contextmanager
+def engine_slot(st: State) -> Any:
+    """Hold one of the engine's max_num_seqs slots (a request queues while all are taken) and count it running."""
+    if st.slots is None:
+        with st.lock:
+            if st.slots is None:
+                st.slots = threading.BoundedSemaphore(max(1, st.max_num_seqs))
+    with st.slots:
+        with st.lock:
+            st.running += 1
+        try:
+            yield
+        finally:
+            with st.lock:
+                st.running -= 1
+
+
 # --------------------------------------------------------------------------------------------- server
 @dataclass
 class State:
@@ -839,10 +921,32 @@ class State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     counters: dict[str, int] = field(default_factory=dict)
     ms_per_question: float = 5.0
+    base_ms: float = 0.0  # per request, whatever its questions
+    profile: SizeProfile | None = None  # per-model answer noise; None: the size-independent answers (tests)
+    max_num_seqs: int = 8
+    batch_slowdown: float = 0.3
+    running: int = 0
+    slots: threading.BoundedSemaphore | None = None
+
+    def service_time_s(self, questions: int) -> float:
+        """Seconds one request of `questions` questions takes with the requests already running (called with a
+        slot held): every other running request adds batch_slowdown of its solo latency (a batching engine)."""
+        solo = (self.base_ms + self.ms_per_question * questions) / 1000.0
+        with self.lock:
+            others = self.running - 1
+        return solo * (1.0 + self.batch_slowdown * max(0, others))
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
             self.counters[key] = self.counters.get(key, 0) + n
+
+
+class SimHTTPServer(ThreadingHTTPServer):
+    """One thread per connection; uvicorn's listen backlog (2048, its --backlog default) instead of socketserver's 5,
+    so a burst of connections queues instead of being reset."""
+
+    request_queue_size = 2048
+    daemon_threads = True
 
 
 def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
@@ -850,6 +954,10 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
         server_version = "uvicorn"
         sys_version = ""
         protocol_version = "HTTP/1.1"
+        # a buffered writer: the status line, headers and body leave in one segment when the handler flushes
+        # (unbuffered, they are separate writes and Nagle + delayed ACK add ~40 ms to every keep-alive request,
+        # which uvicorn does not)
+        wbufsize = 1 << 16
 
         def log_message(self, format: str, *a: Any) -> None:
             if st.args.uvicorn_log_level in ("debug", "info", "trace"):
@@ -914,8 +1022,9 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
                 if st.args.kv_cache_dtype.startswith("fp8"):
                     self.fp8_crash()
                     return
-                time.sleep(st.ms_per_question * len(questions) / 1000.0)
-                result = decide(body, model, questions)
+                with engine_slot(st):
+                    time.sleep(st.service_time_s(len(questions)))
+                result = decide(body, model, questions, st.profile)
             except ApiError as err:
                 st.count(f"status_{err.status}")
                 self.send_json(err.status, err.body())
@@ -979,6 +1088,22 @@ def cold_start_s(model: Model) -> float:
     return D3_COLD_START_S * model.bf16_bytes / D3_BF16_BYTES * scale
 
 
+def make_state(args: argparse.Namespace, plan: Plan, model: Model) -> State:
+    """The serving state: latency and answer noise from the model's size (D3_SIM_MS_PER_QUESTION: a fixed
+    per-question latency and no per-request base instead)."""
+    if os.environ.get("D3_SIM_MS_PER_QUESTION", "").strip():
+        base, per_q = 0.0, env_float("D3_SIM_MS_PER_QUESTION", 5.0)
+    else:
+        scale = max(0.0, env_float("D3_SIM_LATENCY_SCALE", 1.0))
+        base, per_q = REQUEST_BASE_MS * scale, per_question_ms(plan.weights_gib) * scale
+    log("INFO", "serving.py:88", f"(simulator) request latency {base:.1f} ms + {per_q:.1f} ms per question "
+        f"({plan.weights_gib:.2f} GiB of weights per GPU; calibrated on the field report, not measured)")
+    return State(args=args, plan=plan, ms_per_question=per_q, base_ms=base,
+                 profile=SizeProfile.of(model.repo, model.bf16_bytes),
+                 max_num_seqs=int(env_float("D3_SIM_MAX_NUM_SEQS", 8)),
+                 batch_slowdown=max(0.0, env_float("D3_SIM_BATCH_SLOWDOWN", 0.3)))
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # we may be PID 1 in the container
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -1021,9 +1146,8 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             time.sleep(3600)
     time.sleep(cold * 0.15)
-    state = State(args=args, plan=plan, ms_per_question=env_float("D3_SIM_MS_PER_QUESTION", 5.0))
-    httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
-    httpd.daemon_threads = True
+    state = make_state(args, plan, model)
+    httpd = SimHTTPServer((args.host, args.port), make_handler(state))
     log("INFO", "launcher.py:37", f"Available routes are: /health, /metrics, /version, /v1/models, "
         f"/v1/systemone, /v1/decisions ({len(args.served_model_name)} served name(s))")
     log("INFO", "api_server.py:2010", f"Starting vLLM API server 0 on http://{args.host}:{args.port}")

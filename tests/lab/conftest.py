@@ -16,11 +16,23 @@ import pytest
 from labkit import LabHost, Run
 
 SshRunner = Callable[..., subprocess.CompletedProcess[str]]
-LAST_MODULES = ("test_rollout.py",)  # they leave the fleet on another tag: after everything that shares `converged`
+# before anything converges the lab, in this order: test_refusals needs a fresh (not converged) host; test_lab_hosts
+# re-creates the last host (it comes back fresh), so it must run before the session's one converge, not after it
+FIRST_MODULES = ("test_refusals.py", "test_lab_hosts.py")
+# they move the fleet to other tags: after everything that shares `converged`, in this order (test_router puts the
+# fleet back on the first tag, test_rollout leaves it on another)
+LAST_MODULES = ("test_router.py", "test_rollout.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name in LAST_MODULES)  # stable: keeps the order within each group
+    # stable: keeps the order within each group; FIRST_MODULES run while `make lab` has left the hosts fresh
+    def group(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        if name in FIRST_MODULES:
+            return (0, FIRST_MODULES.index(name))
+        return (2, LAST_MODULES.index(name)) if name in LAST_MODULES else (1, 0)
+
+    items.sort(key=group)
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +63,7 @@ def converge_run(host_names: list[str]) -> Run:
     """ONE site.yml converge of the whole lab fleet (on the default tag, nightly) per session, shared by every test
     that needs a converged fleet; those tests restore what they change."""
     assert len(host_names) >= 2, "the lab needs at least 2 hosts (make lab)"
-    run = labkit.run_playbook("site.yml", limit=labkit.LAB_GROUP)
+    run = labkit.run_playbook("site.yml", limit=f"{labkit.LAB_GROUP}:{labkit.ROUTER_GROUP}")  # the routers too
     assert run.status == "successful", run.failure_text()
     return run
 

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 LAB_INVENTORY = ROOT / "inventories" / "lab"
 LAB_GROUP = "l4-nodes"
+ROUTER_GROUP = "d3-routers"
 LAB_STATE = Path("/var/lib/d3-lab")
 ANSIBLE_ENV = {
     **os.environ,
@@ -135,8 +136,9 @@ def lab_inventory() -> dict[str, Any]:
 
 def lab_host_list() -> list[LabHost]:
     """The lab hosts with their SSH access, in inventory order (d3-lab-host1, d3-lab-host2, ...)."""
-    group = lab_inventory()["all"]["children"][LAB_GROUP]
-    gvars = group["vars"]
+    inventory = lab_inventory()
+    group = inventory["all"]["children"][LAB_GROUP]
+    gvars = inventory["all"]["vars"]  # the connection settings, shared with the router group
     return [
         LabHost(name, int(hvars["ansible_port"]), gvars["ansible_user"], gvars["ansible_ssh_private_key_file"])
         for name, hvars in group["hosts"].items()

@@ -144,7 +144,10 @@ def test_inventory_is_valid_and_carries_the_fleet_variables(lab_hosts: list[LabH
             assert hv[key] == value, (host.name, key)
         assert hv["d3_weights_hf_endpoint"] == "http://lab-hf:8090"
         assert hv["d3_image_registry_mirrors"] == [{"prefix": "docker.io", "location": "lab-registry:5000", "insecure": True}]
-        assert "lab-apt:8081" in hv["nvidia_toolkit_repo_url"]
+        # the toolkit repository and its key over the lab apt server's https port (lab CA), the key pinned by fingerprint
+        assert hv["nvidia_toolkit_repo_url"].startswith("https://lab-apt:8443/")
+        assert hv["nvidia_toolkit_key_url"] == "https://lab-apt:8443/gpgkey"
+        assert re.fullmatch(r"[0-9A-F]{40}", hv["nvidia_toolkit_key_fingerprint"]), hv.get("nvidia_toolkit_key_fingerprint")
     assert [m["model"] for m in hostvars[lab_hosts[0].name]["d3_models"]] == ["d3", "d3-mini", "d3-edge"]
     revisions_file = LAB_STATE / "hf-revisions.json"
     assert revisions_file.is_file(), f"{revisions_file} is missing: run `make lab`"

@@ -70,8 +70,16 @@ def test_api_key_rotates_on_both_podman_generations(converged: list[str]) -> Non
             assert (status, json.loads(body)) == (UNAUTHORIZED["status"], UNAUTHORIZED["body"]), (host, status, body)
             assert http(host, port, "/v1/models", old)[0] == 200
             assert http(host, port, "/health")[0] == 200  # vLLM guards /v1 only
-        rotated = converge(limit, d3_units_api_key=new)
+        rotated = run_playbook("site.yml", limit=limit, extravars={"d3_units_api_key": new}, cmdline="-vvv")
         assert rotated.status == "successful", rotated.failure_text()
+        # the key appears nowhere: the -vvv runner output and events, the journal, unit files and everything under
+        # /etc and /var/lib/d3, ps (issue 11)
+        assert new not in rotated.stdout and new not in json.dumps(rotated.events), "the key is in the -vvv output"
+        for host in hosts.values():
+            where = on_host(host, f"grep -rIl -- '{new}' /etc /var/lib/d3 2>/dev/null; "
+                                  f"journalctl --no-pager -o cat | grep -c -- '{new}'; ps auxww | grep -v grep | grep -c -- '{new}'",
+                            check=False).split()  # fmt: skip
+            assert where == ["0", "0"], f"{host}: the key is in {where}"
         for host in hosts.values():
             for port in ports(host):
                 assert http(host, port, "/v1/models", old)[0] == 401, (host, port)

@@ -16,6 +16,10 @@ from labkit import Run, d3_containers, host_vars, on_host, registry_digest, run_
 pytestmark = pytest.mark.lab
 
 SMOKE_TABLE_TASK = "Print the fleet smoke table"
+# tasks that run on the controller only (no remote call)
+CONTROLLER_ACTIONS = {
+    f"ansible.builtin.{a}" for a in ("set_fact", "assert", "debug", "include_tasks", "import_tasks", "validate_argument_spec")
+}
 SMOKE_HEADER = ["host", "instance", "model", "digest", "health", "2q ms", "4q ms", "field report 2q/4q ms"]
 
 
@@ -52,6 +56,30 @@ def test_converge_smoke_table_has_a_ready_row_per_instance(converge_run: Run, co
         assert row["2q ms"].isdigit() and row["4q ms"].isdigit(), row
 
 
+def commands_run(run: Run, host: str, words: list[str]) -> list[str]:
+    """The commands a run executed on a host (command/shell results, loop items included) that start with words."""
+    found = []
+    for d in run.results(host):
+        for res in d["res"].get("results") or [d["res"]]:
+            cmd = res.get("cmd") if isinstance(res, dict) else None
+            argv = cmd.split() if isinstance(cmd, str) else list(cmd or [])
+            if argv[: len(words)] == words:
+                found.append(f"{d.get('role')}: {d['task']}")
+    return found
+
+
+def test_one_probe_per_host_per_run(converge_run: Run, converged: list[str]) -> None:
+    """The converge reads nvidia-smi once per host and `podman version` once (after installing podman: preflight
+    found none): later roles take d3_preflight's facts."""
+    for host in converged:
+        assert len(commands_run(converge_run, host, ["nvidia-smi"])) == 1, commands_run(converge_run, host, ["nvidia-smi"])
+        reads = commands_run(converge_run, host, ["podman", "version"])
+        # a second read only when preflight found podman and the podman role's apt step then changed packages
+        installed = "Install the podman packages from the distribution" in converge_run.changed_tasks(host)
+        again = reads[0].startswith("d3_preflight:") and installed
+        assert len(reads) == 1 + again, (reads, installed)
+
+
 def test_second_run_changes_nothing(converged: list[str]) -> None:
     before = {host: unit_state(host) for host in converged}
     again = run_playbook("site.yml", limit="l4-nodes")
@@ -59,6 +87,17 @@ def test_second_run_changes_nothing(converged: list[str]) -> None:
     for host in converged:
         assert again.changed(host) == 0, again.changed_tasks(host)
         assert unit_state(host) == before[host], host
+        # one probe per host on a converged host too: preflight's reading, nothing read again
+        assert commands_run(again, host, ["nvidia-smi"]) == ["d3_preflight: Read the GPUs through the NVIDIA driver"]
+        assert commands_run(again, host, ["podman", "version"]) == ["d3_preflight: Read the installed podman version"]
+        # on a converged host the unit and smoke roles make one remote call each (issue 14): their one read, and the
+        # one smoke call; no write, reload or start runs (a skipped task or loop item makes no call)
+        remote = [(d["role"], d["task"]) for d in again.results(host)
+                  if d.get("role") in ("d3_units", "d3_smoke") and d.get("task_action") not in CONTROLLER_ACTIONS]  # fmt: skip
+        assert remote == [
+            ("d3_units", "Read the unit files, the instances' state, the API key secret and stale units (one call)"),
+            ("d3_smoke", "Wait until every instance serves, then send each the smoke requests"),
+        ], remote
 
 
 def template_results(run: Run, host: str) -> list[dict[str, Any]]:
@@ -166,5 +205,8 @@ def test_missing_cdi_device_stops_the_host_before_units_change(uuid_only_cdi: st
     assert "nvidia.com/gpu=0" in text and host in text
     roles = set(run.roles_run(host))
     assert "nvidia_toolkit" in roles, roles  # ansible-runner's role field is read (the refusal comes from there)
-    assert "d3_units" not in roles, [d["task"] for d in run.results(host) if d.get("role") == "d3_units"]
+    # d3_units ran only its read-only input checks (site.yml's head runs every role's checks before any change)
+    units_tasks = {d["task"] for d in run.results(host) if d.get("role") == "d3_units"}
+    assert units_tasks <= {"Refuse unit inputs that could inject into a unit file",
+                           "Refuse an API key that cannot be a podman secret's data"}, units_tasks  # fmt: skip
     assert unit_state(host) == before, json.dumps(unit_state(host), indent=1)

@@ -44,8 +44,9 @@ def version(text: str) -> tuple[int, ...]:
 
 @functools.cache
 def decision_problems() -> Any:
-    """The project's d3_decision_problems filter (plugins/filter/d3_smoke.py), as the smoke check uses it."""
-    spec = importlib.util.spec_from_file_location("d3_smoke_filters", ROOT / "plugins/filter/d3_smoke.py")
+    """The project's d3_decision_problems filter (d3fleet.fleet collection, plugins/filter/d3_smoke.py), as the smoke check uses it."""
+    path = ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/filter/d3_smoke.py"
+    spec = importlib.util.spec_from_file_location("d3_smoke_filters", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -127,6 +128,12 @@ def test_weights_are_offline_and_read_only(host: Any) -> None:
         snapshot = host.file(f"/var/lib/d3/huggingface/hub/models--vllm-sr--{model}/snapshots/{revision}")
         assert snapshot.is_directory
         assert host.file(f"{snapshot.path}/config.json").exists
+    # the cache is root-only (weights of private repositories), and the containers run hardened (issue 11)
+    assert host.file("/var/lib/d3/huggingface").mode == 0o700
+    for name in expected(host):
+        config = inspect(host, name)
+        assert config["HostConfig"]["CapDrop"] and not config["HostConfig"]["CapAdd"], config["HostConfig"]
+        assert "no-new-privileges" in " ".join(config["HostConfig"]["SecurityOpt"] or []), config["HostConfig"]
 
 
 def test_instances_answer_decisions_the_smoke_check_accepts(host: Any) -> None:

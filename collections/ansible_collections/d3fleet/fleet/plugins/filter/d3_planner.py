@@ -1,0 +1,854 @@
+"""Placement planner for D3 decision models on L4 hosts (Ansible filter plugin ``d3_plan``).
+
+Pure functions: given the catalog (roles/d3/vars/main.yml), a host's desired instances (``d3_models``)
+and its GPUs, compute where every instance runs (GPUs, port, unit name), its full vLLM command line,
+its environment and a VRAM budget per GPU, or refuse with messages that name the host, the instance,
+the variable and the fix. Nothing here touches a host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+try:  # under Ansible: the collection's own module
+    from ansible_collections.d3fleet.fleet.plugins.filter.d3_inputs import (
+        canonical_flag,
+        check,
+        control_free,
+        env_problems,
+        shown,
+    )
+except ImportError:  # the unit tests import the filters as top-level modules
+    from d3_inputs import canonical_flag, check, control_free, env_problems, shown  # type: ignore[no-redef]
+
+GIB = 1024**3
+MIB = 1024**2
+
+# vLLM flags the planner owns: they come from instance keys or the catalog, never from extra_args.
+OWNED_FLAGS = {
+    "--model": "the catalog's hf_repo (choose the model with `model:`)",
+    "--revision": "d3_model_revisions",
+    "--served-model-name": "the instance `name:`",
+    "--host": "d3_listen_address",
+    "--port": "the instance `port:`",
+    "--api-key": "d3_units_api_key (the key must not appear on a command line)",
+    # each instance gets its GPUs through tensor parallelism only: the planner counts GPUs as TP
+    "--pipeline-parallel-size": "the instance's GPUs through --tensor-parallel-size (the planner counts GPUs as TP)",
+    "--data-parallel-size": "one instance per d3_models item (the planner counts GPUs as TP)",
+    # pulls further flags (any of these) from a file the planner does not read
+    "--config": "each flag in extra_args itself",
+    # a secret on the command line (ps, the unit file, the plan JSON); the weights are cached before any start
+    "--hf-token": "d3_weights_token_file (the units need no token: HF_HUB_OFFLINE=1)",
+    # where vLLM looks for the weights: the planner mounts the cache at the image's HF_HOME
+    "--download-dir": "d3_hf_home",
+}
+# Catalog flags an instance may override through extra_args.
+CATALOG_FLAGS = (
+    "--tensor-parallel-size",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--quantization",
+)
+BOOLEAN_FLAGS = {
+    "--enforce-eager",
+    "--no-enforce-eager",
+    "--trust-remote-code",
+    "--disable-custom-all-reduce",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--disable-log-stats",
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
+    "--skip-mm-profiling",
+    "--language-model-only",
+}
+# Flags the planner reads or owns: an extra_args flag naming one of them, exactly or by a unique prefix as vLLM's
+# parser allows, is that flag (d3_inputs.canonical_flag).
+KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype")
+NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
+SHA_RE = re.compile(r"\A[0-9a-f]{40}\Z")
+ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "extra_args", "env"}
+# Compute capability of GPUs known by name, for a variant's min_compute_capability when nvidia-smi's compute_cap is
+# not in the GPU list (declared GPUs): the L4 is Ada Lovelace, sm_89 (domain-facts 9).
+KNOWN_COMPUTE_CAPABILITY = {"L4": 8.9}
+# The field report's fixed vision-encoder probe at CUDA graph capture (skipped by --enforce-eager), decimal GB.
+ENCODER_PROBE_GB = 18.4
+
+
+class PlanError(ValueError):
+    """Raised by callers that want an exception instead of the ``errors`` list."""
+
+
+@dataclass
+class Options:
+    """Fleet-wide planner settings (the ``d3_*`` inventory variables)."""
+
+    port_base: int = 8000
+    listen_address: str = "127.0.0.1"
+    revisions: dict[str, str] = field(default_factory=dict)
+    allow_non_l4: bool = False
+    allow_cuda_graphs: bool = False
+    require_revisions: bool = False
+    vram_overhead_mib: int = 2048
+    # Sum of --gpu-memory-utilization allowed on a GPU that several instances share: vLLM refuses to start when
+    # free memory is below its share x total, and the driver keeps some (tests/contracts/versions.yml).
+    gpu_share_cap: float = 0.92
+    # The host's own addresses (from facts); None = unknown (plan.yml without facts): the bind check is skipped.
+    host_addresses: list[str] | None = None
+    # R535+ driver in CUDA forward-compatibility mode (d3_cuda_compat).
+    cuda_compat: bool = False
+    # The host's Hugging Face cache (d3_hf_home): the weights role downloads into it, every instance mounts it.
+    hf_home: str = "/var/lib/d3/huggingface"
+    # The image every instance runs, as the inventory names it (d3_image_name, or repository@digest when pinned);
+    # the d3_image role resolves a tag to the fleet's digest and the units run that.
+    image: str = "IMAGE"
+    # d3_units_api_key is set; d3_allow_unauthenticated: serve a non-loopback address without a key anyway
+    api_key_set: bool = False
+    allow_unauthenticated: bool = False
+    # capabilities given back to every container (d3_container_capabilities); all others are dropped
+    capabilities: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> Options:
+        """Options from the role's variables; a None value means "not set in the inventory": the default here
+        applies (this class is the one place that knows the planner's defaults)."""
+        raw = {k: v for k, v in dict(raw or {}).items() if v is not None}
+        known = {k: raw.pop(k) for k in list(raw) if k in cls.__dataclass_fields__}
+        if raw:
+            raise PlanError(f"unknown planner option(s): {', '.join(sorted(raw))}")
+        # inventory values may arrive as strings ("8000"): take them as the type of the default
+        for name, value in known.items():
+            default = cls.__dataclass_fields__[name].default
+            if isinstance(default, (int, float)) and not isinstance(default, bool) and not isinstance(value, bool):
+                try:
+                    known[name] = type(default)(value)
+                except (TypeError, ValueError) as exc:
+                    raise PlanError(f"d3_{name}: {value!r} is not a number") from exc
+        return cls(**known)
+
+
+def split_args(args: list[Any]) -> list[tuple[str, str | None]]:
+    """Split a vLLM argument list into (flag, value) pairs as vLLM's parser reads it (d3_inputs.canonical_flag);
+    value is None for boolean flags. A flag with a JSON key (``--flag.key``) keeps it: ``--flag.key``."""
+    pairs: list[tuple[str, str | None]] = []
+    items = [a if isinstance(a, str) else str(a) for a in args]
+    for token in items:
+        if not control_free(token):
+            raise ValueError(f"{shown(token)} contains a control character (newline, tab, escape...)")
+    i = 0
+    while i < len(items):
+        token = items[i]
+        if not token.startswith("-") or token in ("-", "--"):
+            raise ValueError(f"'{token}' is not a flag (extra_args items are --flag, --flag=value or --flag value)")
+        flag, value, sub = canonical_flag(token, KNOWN_FLAGS)
+        flag = flag + ("." + sub if sub else "")
+        if value is not None:
+            pairs.append((flag, value))
+            i += 1
+        elif flag in BOOLEAN_FLAGS or i + 1 >= len(items) or items[i + 1].startswith("--"):
+            pairs.append((flag, None))
+            i += 1
+        else:
+            pairs.append((flag, items[i + 1]))
+            i += 2
+    return pairs
+
+
+def mib_of_gb(gb: float) -> int:
+    return round(gb * 1e9 / MIB)
+
+
+def host_gpus(count: int, memory_mib: int, name: str) -> list[dict[str, Any]]:
+    """GPUs declared in inventory (d3_gpu_count / d3_gpu_memory_mib / d3_gpu_name; the role passes the catalog's
+    l4_memory_mib when d3_gpu_memory_mib is not set)."""
+    return [{"index": i, "name": name, "memory_total_mib": int(memory_mib)} for i in range(int(count))]
+
+
+def _fmt(value: float) -> str:
+    text = f"{value:.4f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+class _Planner:
+    def __init__(
+        self,
+        host: str,
+        models: list[dict[str, Any]],
+        catalog: dict[str, Any],
+        common: dict[str, Any],
+        gpus: list[dict[str, Any]],
+        options: Options,
+    ) -> None:
+        self.host = host
+        self.models = models
+        self.catalog = catalog
+        self.common = common
+        self.gpus = sorted(gpus, key=lambda g: int(g["index"]))
+        self.opt = options
+        self.errors: list[str] = []
+        self.util: dict[int, float] = {int(g["index"]): 0.0 for g in self.gpus}
+        self.use: dict[int, list[dict[str, Any]]] = {int(g["index"]): [] for g in self.gpus}
+
+    def refuse(self, where: str, problem: str, fix: str) -> None:
+        self.errors.append(f"host {self.host}: {where}: {problem}. Fix: {fix}")
+
+    # -- per-instance resolution ------------------------------------------------------------
+    def resolve(self, pos: int, item: Any) -> dict[str, Any] | None:
+        where = f"d3_models[{pos}]"
+        if not isinstance(item, dict):
+            self.refuse(where, f"expected a mapping with a `model:` key, got {item!r}", "write `- model: d3-mini`")
+            return None
+        unknown = sorted(set(item) - ITEM_KEYS)
+        if unknown:
+            self.refuse(where, f"unknown key(s) {unknown}", f"use only {sorted(ITEM_KEYS)}")
+            return None
+        model = item.get("model")
+        if model not in self.catalog:
+            self.refuse(
+                where,
+                f"unknown model {model!r}",
+                f"set d3_models[{pos}].model to one of: {', '.join(sorted(self.catalog))}",
+            )
+            return None
+        entry = self.catalog[model]
+        name = str(item.get("name") or entry["instance_name"])
+        where = f"d3_models[{pos}] ({name})"
+        if not NAME_RE.match(name):
+            self.refuse(where, f"name {name!r} is not a valid unit name", "use lowercase letters, digits and '-'")
+            return None
+        variant = self.variant(pos, where, model, entry, item.get("variant"))
+        if variant is None:
+            return None
+
+        try:
+            pairs = split_args(list(item.get("extra_args") or []))
+        except ValueError as exc:
+            self.refuse(where, f"d3_models[{pos}].extra_args: {exc}", "write each flag as '--flag=value'")
+            return None
+        flags: dict[str, str | None] = {
+            "--tensor-parallel-size": str(variant["tensor_parallel_size"]),
+            "--max-model-len": str(variant["max_model_len"]),
+            "--gpu-memory-utilization": _fmt(float(variant["gpu_memory_utilization"])),
+            "--quantization": variant["quantization_flag"],
+        }
+        eager = bool(self.common["enforce_eager"])
+        extra: list[tuple[str, str | None]] = []
+        for flag, value in pairs:
+            base = flag.split(".", 1)[0]
+            if base in OWNED_FLAGS:
+                self.refuse(
+                    where, f"extra_args sets {base}, which the planner owns", f"remove it; set {OWNED_FLAGS[base]}"
+                )
+                return None
+            if "." in flag and base in KNOWN_FLAGS:
+                self.refuse(
+                    where,
+                    f"extra_args sets {flag} (a JSON key of {base}), which the planner reads as a whole",
+                    f"give {base} VALUE instead",
+                )
+                return None
+            if flag == "--enforce-eager":
+                eager = True
+            elif flag == "--no-enforce-eager":
+                eager = False
+            elif flag in CATALOG_FLAGS:
+                flags[flag] = value
+            else:
+                extra.append((flag, value))
+
+        quant = flags["--quantization"]
+        if variant["pre_quantized"] and quant is not None and quant != variant["quant_method"]:
+            # vLLM ModelConfig._verify_quantization (vllm/config/model.py): the checkpoint's quant_method wins
+            self.refuse(
+                where,
+                f"variant {variant['name']!r} ({variant['hf_repo']}) is a pre-quantized checkpoint "
+                f"(quant_method {variant['quant_method'] or 'set by the checkpoint'}); with --quantization {quant} vLLM "
+                f"refuses to start: 'Quantization method specified in the model config ({variant['quant_method']}) "
+                f"does not match the quantization method specified in the `quantization` argument ({quant}).'",
+                f"remove --quantization from d3_models[{pos}].extra_args (vLLM reads it from the checkpoint)",
+            )
+            return None
+        kv = dict(extra).get("--kv-cache-dtype")
+        if kv is not None and kv in self.common["forbidden_kv_cache_dtypes"]:
+            self.refuse(
+                where,
+                f"--kv-cache-dtype {kv} crashes D3 on the first request that reaches encoder attention "
+                "('quantized KV cache is not supported for encoder attention')",
+                f"remove --kv-cache-dtype from d3_models[{pos}].extra_args",
+            )
+        if not eager and not self.opt.allow_cuda_graphs:
+            self.refuse(
+                where,
+                "dropping --enforce-eager makes vLLM capture CUDA graphs, which OOMs on a 24 GB L4 "
+                "(fixed 18.4 GB vision-encoder profiling allocation)",
+                "remove --no-enforce-eager, or set d3_allow_cuda_graphs: true to acknowledge the risk",
+            )
+        try:
+            tp = int(str(flags["--tensor-parallel-size"]))
+            max_len = int(str(flags["--max-model-len"]))
+            util = float(str(flags["--gpu-memory-utilization"]))
+        except ValueError as exc:
+            self.refuse(where, f"a numeric flag in extra_args does not parse ({exc})", "give numbers")
+            return None
+        if tp < 1:
+            self.refuse(where, f"--tensor-parallel-size {tp} is below 1", "use 1 or more")
+            return None
+        if max_len > int(self.common["max_position_embeddings"]) or max_len < 1:
+            self.refuse(
+                where,
+                f"--max-model-len {max_len} is outside 1..{self.common['max_position_embeddings']} "
+                "(max_position_embeddings)",
+                f"lower --max-model-len in d3_models[{pos}].extra_args",
+            )
+        if not 0.0 < util <= 1.0:
+            self.refuse(where, f"--gpu-memory-utilization {util} is outside (0, 1]", "use a fraction such as 0.45")
+            return None
+
+        weights_mib = mib_of_gb(float(variant["weights_gb"]))
+        per_gpu_need = -(-weights_mib // tp) + int(self.opt.vram_overhead_mib)
+        min_mem = min((int(g["memory_total_mib"]) for g in self.gpus), default=0)
+        if self.gpus and per_gpu_need > min_mem * util:
+            smallest = min(
+                (t for t in range(tp, 9) if -(-weights_mib // t) + self.opt.vram_overhead_mib <= min_mem * util),
+                default=None,
+            )
+            hint = f"use --tensor-parallel-size {smallest}" if smallest else "pick a smaller model"
+            self.refuse(
+                where,
+                f"{model}{variant['label']} does not fit: needs {per_gpu_need} MiB per GPU (weights {weights_mib} MiB "
+                f"/ TP {tp} + {self.opt.vram_overhead_mib} MiB runtime) but --gpu-memory-utilization {_fmt(util)} of "
+                f"{min_mem} MiB allows {int(min_mem * util)} MiB",
+                f"raise --gpu-memory-utilization in d3_models[{pos}].extra_args or {hint}",
+            )
+            return None
+        # True: the field report ran this variant at this TP on L4s; False: nobody did (a chosen variant, or the
+        # default at another TP); None: a default recipe the field report's sizing table lists without a run
+        measured: bool | None = bool(self.gpus) and all(self.is_l4(g) for g in self.gpus) and tp in variant["measured_on_l4_tp"]
+        if not measured and not variant["chosen"] and not variant["measured_on_l4_tp"]:
+            measured = None
+        # the encoder probe counts for a variant other than the size's default (nobody ran those on an L4); the
+        # default recipe keeps d3_allow_cuda_graphs as the operator's acknowledgement
+        arithmetic = self.arithmetic(entry, weights_mib, tp, max_len, eager, bool(measured) or not variant["chosen"])
+        if self.gpus and arithmetic["total_mib"] > min_mem * util:
+            parts = (
+                f"weights {arithmetic['weights_mib']} + runtime {arithmetic['runtime_mib']} + KV cache "
+                f"{arithmetic['kv_cache_mib']} for --max-model-len {max_len}"
+            )
+            if arithmetic["encoder_probe_mib"]:
+                parts += f" + encoder probe {arithmetic['encoder_probe_mib']} (CUDA graph capture without --enforce-eager)"
+            self.refuse(
+                where,
+                f"{model}{variant['label']} does not fit: needs {arithmetic['total_mib']} MiB per GPU at TP {tp} "
+                f"({parts}) but --gpu-memory-utilization {_fmt(util)} of {min_mem} MiB allows {int(min_mem * util)} MiB",
+                f"lower --max-model-len or raise --tensor-parallel-size in d3_models[{pos}].extra_args"
+                + ("" if eager else ", or keep --enforce-eager")
+                + (", or pick a smaller variant" if variant["choices"] > 1 else ""),
+            )
+            return None
+
+        problems = env_problems(item.get("env"))
+        for what, problem, fix in problems:
+            self.refuse(where, f"d3_models[{pos}].{what} {problem}", fix)
+        if problems:
+            return None
+        env = {str(k): str(v) for k, v in self.common["env"].items()}
+        env.update({str(k): str(v) for k, v in (item.get("env") or {}).items()})
+        env["HF_HUB_OFFLINE"] = "1"
+        if self.opt.cuda_compat:
+            env["VLLM_ENABLE_CUDA_COMPATIBILITY"] = "1"
+        # d3_model_revisions is keyed by the variant's repository name ("d3", "d3-FP8"); the full repository id
+        # ("vllm-sr/d3-FP8") is accepted too. A default variant's repository name is the model id.
+        key = variant["revision_key"]
+        revision = self.opt.revisions.get(variant["hf_repo"], self.opt.revisions.get(key))
+        record = (
+            f" (vllm-sr v3.1.0 record: {entry['release_revision_short']}...)" if variant["hf_repo"] == entry["hf_repo"] else ""
+        )
+        if revision is not None and not SHA_RE.match(str(revision)):
+            self.refuse(
+                where,
+                f"d3_model_revisions['{key}'] = {revision!r} is not a 40-hex commit SHA",
+                "pin the full commit SHA from the Hub (a branch or tag can move)",
+            )
+        elif revision is None and self.opt.require_revisions:
+            self.refuse(
+                where,
+                f"no pinned revision for {key}" + ("" if key == model else f" ({model} variant {variant['name']})"),
+                f"set d3_model_revisions['{key}'] to the full commit SHA of {variant['hf_repo']}{record}",
+            )
+        return {
+            "pos": pos,
+            "name": name,
+            "model": model,
+            "variant": variant,
+            "hf_repo": variant["hf_repo"],
+            "revision": revision,
+            "tp": tp,
+            "max_model_len": max_len,
+            "util": util,
+            "flags": flags,
+            "eager": eager,
+            "extra": extra,
+            "env": env,
+            "shm_size": variant["shm_size"],
+            "weights_mib": weights_mib,
+            "need_mib": per_gpu_need,
+            "arithmetic": arithmetic,
+            "measured": measured,
+            "gpus_wanted": item.get("gpus"),
+            "port_wanted": item.get("port"),
+        }
+
+    # -- variants ---------------------------------------------------------------------------------
+    @staticmethod
+    def is_l4(gpu: dict[str, Any]) -> bool:
+        return "L4" in str(gpu["name"]).split()
+
+    @staticmethod
+    def compute_capability(gpu: dict[str, Any]) -> float | None:
+        raw = gpu.get("compute_cap")
+        if raw not in (None, ""):
+            try:
+                return float(str(raw))
+            except ValueError:
+                return None
+        for word in str(gpu["name"]).split():
+            if word in KNOWN_COMPUTE_CAPABILITY:
+                return KNOWN_COMPUTE_CAPABILITY[word]
+        return None
+
+    def variant(
+        self, pos: int, where: str, model: str, entry: dict[str, Any], wanted: Any
+    ) -> dict[str, Any] | None:
+        """The instance's checkpoint variant with every field resolved (the size's own values where it has none);
+        refuses a variant that does not exist or does not apply to the host's GPUs."""
+        variants = entry.get("variants") or {}
+        name = wanted if wanted is not None else entry.get("default_variant")
+        if name is None and not variants:  # a catalog entry without variants: the size's own checkpoint
+            raw: dict[str, Any] = {}
+        elif not variants:
+            self.refuse(
+                where,
+                f"{model} has no variant {name!r}: it has only its default checkpoint ({entry['hf_repo']}), no variants "
+                "to choose from",
+                f"remove `variant:` from d3_models[{pos}] to run that checkpoint",
+            )
+            return None
+        elif not isinstance(name, str) or name not in variants:
+            self.refuse(
+                where,
+                f"{model} has no variant {name!r}",
+                f"set d3_models[{pos}].variant to one of: {', '.join(variants)} (or leave it out for "
+                f"{entry.get('default_variant')})",
+            )
+            return None
+        else:
+            raw = dict(variants[name] or {})
+        hf_repo = str(raw.get("hf_repo", entry["hf_repo"]))
+        quant_method = raw.get("quant_method")
+        flag = raw["quantization_flag"] if "quantization_flag" in raw else self.common["quantization"]
+        resolved = {
+            "name": name or "default",
+            "label": "" if wanted is None else f" variant {name}",
+            "chosen": name != entry.get("default_variant"),
+            "choices": len(variants),
+            "hf_repo": hf_repo,
+            "revision_key": hf_repo.rsplit("/", 1)[-1],
+            "weights_gb": raw.get("weights_gb", entry["weights_fp8_gb"]),
+            "download_gb": raw.get("download_gb", entry["download_gb"]),
+            "quant_method": quant_method,
+            "pre_quantized": bool(raw.get("pre_quantized", quant_method is not None)),
+            "quantization_flag": None if flag is None else str(flag),
+            "measured_on_l4_tp": [int(t) for t in raw.get("measured_on_l4_tp") or []],
+        }
+        for key in ("tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "shm_size"):
+            resolved[key] = raw.get(key, entry[key])
+        need = raw.get("min_compute_capability")
+        if need is not None:
+            for gpu in self.gpus:
+                have = self.compute_capability(gpu)
+                if have is None or have < float(need):
+                    self.refuse(
+                        where,
+                        f"variant {name!r} ({hf_repo}) needs compute capability {need}"
+                        + (f" ({raw['requires']})" if raw.get("requires") else "")
+                        + f"; GPU {gpu['index']} is a {gpu['name']}"
+                        + (f" (compute capability {have})" if have is not None else " (compute capability unknown)"),
+                        f"choose another variant for d3_models[{pos}].variant: "
+                        + ", ".join(
+                            v
+                            for v, spec in variants.items()
+                            if (spec or {}).get("min_compute_capability") is None
+                            or (have is not None and have >= float((spec or {})["min_compute_capability"]))
+                        ),
+                    )
+                    return None
+        return resolved
+
+    def arithmetic(
+        self, entry: dict[str, Any], weights_mib: int, tp: int, max_len: int, eager: bool, no_probe: bool
+    ) -> dict[str, int]:
+        """Per-GPU memory an instance needs: its weights share, the runtime overhead, the bf16 KV cache of the
+        full-attention layers for --max-model-len (GDN state sits in the runtime overhead) and, unless no_probe, the
+        field report's fixed 18.4 GB encoder probe when CUDA graphs are captured (without --enforce-eager)."""
+        shape = entry.get("kv_cache") or {}
+        kv_mib = 0
+        if shape:
+            per_token = (
+                2 * int(shape["full_attention_layers"]) * -(-int(shape["num_key_value_heads"]) // tp)
+                * int(shape["head_dim"]) * 2
+            )  # fmt: skip
+            kv_mib = -(-per_token * max_len // MIB)
+        probe_mib = 0 if eager or no_probe else mib_of_gb(ENCODER_PROBE_GB)
+        weights = -(-weights_mib // tp)
+        runtime = int(self.opt.vram_overhead_mib)
+        return {
+            "weights_mib": weights,
+            "runtime_mib": runtime,
+            "kv_cache_mib": kv_mib,
+            "encoder_probe_mib": probe_mib,
+            "total_mib": weights + runtime + kv_mib + probe_mib,
+        }
+
+    # -- GPU placement --------------------------------------------------------------------------
+    def fits(self, idx: int, inst: dict[str, Any]) -> bool:
+        """A GPU of its own takes any share; a shared GPU keeps the sum of shares within gpu_share_cap."""
+        if not self.use[idx]:
+            return True
+        return self.util[idx] + inst["util"] <= float(self.opt.gpu_share_cap) + 1e-9
+
+    def take(self, inst: dict[str, Any], indices: list[int]) -> None:
+        for idx in indices:
+            self.util[idx] += inst["util"]
+            self.use[idx].append(inst)
+        inst["gpus"] = indices
+
+    def place_fixed(self, inst: dict[str, Any]) -> None:
+        where = f"d3_models[{inst['pos']}] ({inst['name']})"
+        wanted = inst["gpus_wanted"]
+        if not isinstance(wanted, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in wanted):
+            self.refuse(where, f"gpus {wanted!r} is not a list of GPU indices", "write `gpus: [0, 1]`")
+            return
+        dupes = sorted({g for g in wanted if wanted.count(g) > 1})
+        if dupes:
+            self.refuse(where, f"GPU {dupes} listed twice in d3_models[{inst['pos']}].gpus", "list each GPU once")
+            return
+        bad = [g for g in wanted if g not in self.util]
+        if bad:
+            self.refuse(
+                where,
+                f"GPU index {bad} out of range: the host has {len(self.gpus)} GPU(s) "
+                f"({', '.join(str(i) for i in self.util) or 'none'})",
+                "use indices from nvidia-smi, or correct d3_gpu_count",
+            )
+            return
+        if len(wanted) != inst["tp"]:
+            self.refuse(
+                where,
+                f"tensor parallel size {inst['tp']} needs {inst['tp']} GPU(s) but d3_models[{inst['pos']}].gpus "
+                f"gives {len(wanted)}",
+                f"list exactly {inst['tp']} GPU(s), or set --tensor-parallel-size={len(wanted)} in extra_args",
+            )
+            return
+        over = [g for g in wanted if not self.fits(g, inst)]
+        if over:
+            self.refuse(
+                where,
+                self._over_budget(over[0], inst),
+                "move an instance to another GPU, or lower --gpu-memory-utilization so the shares fit d3_gpu_share_cap",
+            )
+            return
+        self.take(inst, list(wanted))
+
+    def _over_budget(self, idx: int, inst: dict[str, Any]) -> str:
+        others = ", ".join(f"{o['name']} ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
+        return (
+            f"VRAM over budget on GPU {idx}: --gpu-memory-utilization {_fmt(inst['util'])} on top of {others} "
+            f"exceeds d3_gpu_share_cap {_fmt(float(self.opt.gpu_share_cap))} of a shared GPU's memory (vLLM needs its "
+            "share free at start, and the driver keeps some)"
+        )
+
+    def place_auto(self, inst: dict[str, Any]) -> None:
+        where = f"d3_models[{inst['pos']}] ({inst['name']})"
+        if inst["tp"] > len(self.gpus):
+            self.refuse(
+                where,
+                f"tensor parallel size {inst['tp']} is larger than the {len(self.gpus)} GPU(s) the host has",
+                "place this model on a host with enough GPUs, or correct d3_gpu_count",
+            )
+            return
+        free = [i for i in self.util if self.fits(i, inst)]
+        if len(free) < inst["tp"]:
+            state = "; ".join(f"GPU {i}: {_fmt(u)} used" for i, u in self.util.items())
+            self.refuse(
+                where,
+                f"VRAM over budget: no {inst['tp']} GPU(s) with {_fmt(inst['util'])} of memory left within "
+                f"d3_gpu_share_cap {_fmt(float(self.opt.gpu_share_cap))} ({state})",
+                "remove an instance from this host, lower --gpu-memory-utilization, or use another host",
+            )
+            return
+        self.take(inst, free[: inst["tp"]])
+
+    # -- ports -------------------------------------------------------------------------------------
+    def assign_ports(self, placed: list[dict[str, Any]]) -> None:
+        taken: dict[int, str] = {}
+        for inst in placed:
+            port = inst["port_wanted"]
+            if port is None:
+                continue
+            where = f"d3_models[{inst['pos']}] ({inst['name']})"
+            if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
+                self.refuse(where, f"port {port!r} is outside 1024-65535", "choose a port in 1024-65535")
+                continue
+            if port in taken:
+                self.refuse(where, f"port {port} collides with instance {taken[port]}", "give each instance its own port")
+                continue
+            taken[port] = inst["name"]
+            inst["port"] = port
+        next_port = int(self.opt.port_base)
+        for inst in placed:
+            if inst["port_wanted"] is not None:
+                continue
+            while next_port in taken:
+                next_port += 1
+            if next_port > 65535:
+                self.refuse(f"d3_models[{inst['pos']}] ({inst['name']})", "no free port left", "lower d3_port_base")
+                continue
+            taken[next_port] = inst["name"]
+            inst["port"] = next_port
+
+    # -- output --------------------------------------------------------------------------------------
+    def emit(self, inst: dict[str, Any]) -> dict[str, Any]:
+        args = ["--model", inst["hf_repo"]]
+        if inst["revision"]:
+            args += ["--revision", inst["revision"]]
+        args += ["--served-model-name", inst["name"], "--host", self.opt.listen_address, "--port", str(inst["port"])]
+        for flag in CATALOG_FLAGS:
+            if inst["flags"][flag] is not None:  # a pre-quantized variant gets no --quantization
+                args += [flag, str(inst["flags"][flag])]
+        if inst["eager"]:
+            args.append("--enforce-eager")
+        for flag, value in inst["extra"]:
+            args += [flag] if value is None else [flag, value]
+        container_hf_home = str(self.common["container_hf_home"])
+        hf_home = str(self.opt.hf_home).rstrip("/") or "/"
+        url = f"http://{self.connect_host()}:{inst['port']}"
+        return {
+            "name": inst["name"],
+            "unit": inst["name"],
+            "model": inst["model"],
+            "hf_repo": inst["hf_repo"],
+            "revision": inst["revision"],
+            "served_model_name": inst["name"],
+            "gpus": inst["gpus"],
+            "cdi_devices": [f"nvidia.com/gpu={i}" for i in inst["gpus"]],
+            "port": inst["port"],
+            "tensor_parallel_size": inst["tp"],
+            "gpu_memory_utilization": inst["util"],
+            "max_model_len": inst["max_model_len"],
+            "args": args,
+            # the container's environment: where the cache is mounted, then the catalog's and the instance's
+            "env": {"HF_HOME": container_hf_home, **dict(sorted(inst["env"].items()))},
+            "shm_size": inst["shm_size"],
+            "image": self.opt.image,
+            "bind_address": self.opt.listen_address,
+            "url": url,
+            "hf_home": hf_home,
+            "cache_path": f"{hf_home}/hub/models--{inst['hf_repo'].replace('/', '--')}/snapshots/"
+            f"{inst['revision'] or 'UNPINNED'}",
+            "volumes": [f"{hf_home}:{container_hf_home}:ro"],
+            "labels": {
+                "io.d3-fleet.instance": inst["name"],
+                "io.d3-fleet.model": inst["model"],
+                "io.d3-fleet.revision": inst["revision"] or "unpinned",
+            },
+            # the API key reaches vLLM only as this variable, from the podman secret named by d3_units_api_key_secret
+            "secret_env": "VLLM_API_KEY",
+            # no privilege gain through setuid files, no capabilities but those given back (d3_container_capabilities)
+            "no_new_privileges": True,
+            "capabilities": sorted({str(c).upper().removeprefix("CAP_") for c in self.opt.capabilities}),
+            "weights_mib": inst["weights_mib"],
+            "vram_need_mib_per_gpu": inst["need_mib"],
+            "variant": inst["variant"]["name"],
+            "quant_method": inst["variant"]["quant_method"],
+            "download_bytes": int(float(inst["variant"]["download_gb"]) * 1e9),
+            "vram_arithmetic_mib_per_gpu": inst["arithmetic"],
+            "measured_on_hardware": inst["measured"],
+            "hardware_note": {
+                True: "the field report ran this recipe on L4 hardware",
+                None: "the field report's sizing table lists this size on one L4 (no run of it is recorded)",
+                False: f"{inst['model']} {inst['variant']['name']} at TP {inst['tp']} on "
+                f"{self.gpus[0]['name'] if self.gpus else 'no GPU'} is planned from the arithmetic only",
+            }[inst["measured"]],
+            # where the host itself reaches the instance (0.0.0.0 / :: bind every address, loopback among them)
+            "health_url": f"{url}/health",
+            "start_after": inst.get("start_after", []),
+            "wait_ready": inst.get("wait_ready", False),
+        }
+
+    def run(self) -> dict[str, Any]:
+        if not self.opt.allow_non_l4:
+            for g in self.gpus:
+                if "L4" not in str(g["name"]).split():
+                    self.refuse(
+                        f"GPU {g['index']}",
+                        f"is a {g['name']}, not an NVIDIA L4; the catalog's flags are tuned for L4",
+                        "set d3_allow_non_l4: true to plan for it anyway",
+                    )
+        if not isinstance(self.models, list):
+            self.refuse("d3_models", f"expected a list, got {type(self.models).__name__}", "write a YAML list")
+            return self.result([])
+        resolved = [r for pos, item in enumerate(self.models) if (r := self.resolve(pos, item))]
+        seen: dict[str, int] = {}
+        for inst in resolved:
+            if inst["name"] in seen:
+                self.refuse(
+                    f"d3_models[{inst['pos']}] ({inst['name']})",
+                    f"instance name {inst['name']!r} is also used by d3_models[{seen[inst['name']]}]",
+                    f"give d3_models[{inst['pos']}] a distinct `name:`",
+                )
+            seen.setdefault(inst["name"], inst["pos"])
+        for inst in resolved:
+            if inst["gpus_wanted"] is not None:
+                self.place_fixed(inst)
+        # Largest first (TP, then memory share) so that small instances do not fragment the GPUs.
+        auto = [i for i in resolved if i["gpus_wanted"] is None]
+        for inst in sorted(auto, key=lambda i: (-i["tp"], -i["util"])):
+            self.place_auto(inst)
+        placed = [i for i in resolved if "gpus" in i]
+        self.assign_ports(placed)
+        self.check_listen_address()
+        self.check_options()
+        ready = [i for i in placed if "port" in i]
+        self.order_starts(ready)
+        return self.result(ready)
+
+    def connect_host(self) -> str:
+        raw = str(self.opt.listen_address)
+        try:
+            address = ipaddress.ip_address(raw)
+        except ValueError:
+            return raw
+        if address.is_unspecified:
+            address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+        return f"[{address}]" if address.version == 6 else str(address)
+
+    # -- start order ---------------------------------------------------------------------------------
+    @staticmethod
+    def order_starts(placed: list[dict[str, Any]]) -> None:
+        """Instances that share a GPU start one after another, in d3_models order: each orders after the earlier
+        ones on its GPUs, and those wait for readiness before their start counts as done, so that no two
+        profile the GPU's memory at the same moment."""
+        for pos, inst in enumerate(placed):
+            earlier = [o for o in placed[:pos] if set(o["gpus"]) & set(inst["gpus"])]
+            inst["start_after"] = [o["name"] for o in earlier]
+            for other in earlier:
+                other["wait_ready"] = True
+
+    # -- fleet inputs that reach the unit files ----------------------------------------------------
+    def check_options(self) -> None:
+        problem = check("path", self.opt.hf_home)
+        if problem:
+            self.refuse("d3_hf_home", f"{shown(self.opt.hf_home)} {problem}", "give a plain absolute directory")
+        bad = [c for c in self.opt.capabilities if not re.match(r"\A(CAP_)?[A-Za-z_]{2,32}\Z", str(c))]
+        if not isinstance(self.opt.capabilities, list) or bad:
+            self.refuse("d3_container_capabilities", f"{shown(bad or self.opt.capabilities)} is not a list of capability "
+                        "names (e.g. SYS_NICE)", "fix the inventory")  # fmt: skip
+        if not control_free(self.opt.image):
+            self.refuse("d3_image_name", f"{shown(self.opt.image)} contains a control character", "fix the inventory")
+
+    # -- listen address ------------------------------------------------------------------------------
+    def check_listen_address(self) -> None:
+        raw = str(self.opt.listen_address)
+        try:
+            address = ipaddress.ip_address(raw)
+        except ValueError:
+            self.refuse(
+                "d3_listen_address",
+                f"{raw!r} is not an IP address (vLLM binds it with --host)",
+                "set d3_listen_address to 127.0.0.1, 0.0.0.0 or one of the host's own addresses",
+            )
+            return
+        if not address.is_loopback and not self.opt.api_key_set and not self.opt.allow_unauthenticated:
+            self.refuse(
+                "d3_listen_address",
+                f"{raw} lets every client that reaches this host use the models without a key (vLLM checks "
+                "d3_units_api_key on /v1 only when one is set)",
+                "set d3_units_api_key (Ansible Vault), listen on 127.0.0.1, or set d3_allow_unauthenticated: true to "
+                "serve without a key on purpose (e.g. behind d3_firewall)",
+            )
+        if address.is_loopback or address.is_unspecified or self.opt.host_addresses is None:
+            return
+        own = set()
+        for text in self.opt.host_addresses:
+            try:
+                own.add(ipaddress.ip_address(str(text).split("%", 1)[0]))
+            except ValueError:
+                continue
+        if address not in own:
+            self.refuse(
+                "d3_listen_address",
+                f"{raw} is not an address of this host (its addresses: "
+                f"{', '.join(sorted(str(a) for a in own)) or 'none'}), so vLLM could not bind it and would crash-loop",
+                "set d3_listen_address to one of those, to 127.0.0.1 (local clients only) or to 0.0.0.0 "
+                "(e.g. \"{{ ansible_facts['default_ipv4']['address'] }}\")",
+            )
+
+    def result(self, placed: list[dict[str, Any]]) -> dict[str, Any]:
+        gpus = []
+        for g in self.gpus:
+            idx = int(g["index"])
+            mem = int(g["memory_total_mib"])
+            budget = [
+                {"instance": i["name"], "utilization": i["util"], "budget_mib": int(mem * i["util"])}
+                for i in self.use[idx]
+            ]
+            used = sum(b["budget_mib"] for b in budget)
+            gpus.append(
+                {
+                    "index": idx,
+                    "name": g["name"],
+                    "memory_total_mib": mem,
+                    "budget": budget,
+                    "budget_mib": used,
+                    "free_mib": mem - used,
+                }
+            )
+        return {
+            "host": self.host,
+            "hf_home": str(self.opt.hf_home).rstrip("/") or "/",
+            "instances": [self.emit(i) for i in placed] if not self.errors else [],
+            "gpus": gpus,
+            "errors": list(self.errors),
+        }
+
+
+def d3_plan(
+    models: list[dict[str, Any]] | None,
+    catalog: dict[str, Any],
+    common: dict[str, Any],
+    gpus: list[dict[str, Any]],
+    host: str = "localhost",
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Plan one host. Returns ``{host, instances, gpus, errors}``; instances is empty when errors is not."""
+    return _Planner(host, [] if models is None else models, catalog, common, gpus, Options.from_dict(options)).run()
+
+
+def state_instances(instances: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The part of each planned instance a deployment record keeps: what runs, where, at which revision."""
+    keys = ("model", "hf_repo", "revision", "port", "gpus", "unit")
+    return {i["name"]: {k: i[k] for k in keys} for i in instances}
+
+
+class FilterModule:
+    """Ansible filters: d3_plan, d3_host_gpus, d3_state_instances (the plan is rendered by d3_render)."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "d3_plan": d3_plan,
+            "d3_host_gpus": host_gpus,
+            "d3_state_instances": state_instances,
+        }

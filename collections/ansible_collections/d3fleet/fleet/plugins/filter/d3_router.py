@@ -1,0 +1,245 @@
+"""The router's view of the fleet (Ansible filter plugin ``d3_router_backends``).
+
+Pure function: from the plan of every host of ``l4-nodes`` (``d3_host_plan``, role ``d3``) it computes one HAProxy
+frontend and one backend per served model name (what clients send as ``model``), the backend's servers (every
+planned instance of that name on every host), the router's port per model, and the (backend, server) pair of each
+instance, which the rollout uses to drain it through HAProxy's runtime API. Every value that reaches the HAProxy
+configuration is checked here first (whole-string matches, no control characters); the template only loops.
+
+Naming (the contract with the rollout and the status playbook):
+
+- frontend ``fe_<served name>``, backend ``be_<served name>``;
+- server ``<inventory_hostname>-<instance name>``, every character outside ``[A-Za-z0-9_.-]`` replaced by ``_``;
+- port: ``ports[<served name>]``, else ``ports[<catalog model>]`` (when that model has one served name in the fleet),
+  else ``port_base`` + the served name's index in the sorted list of served names.
+
+Where the router connects to an instance: port = the instance's port + the host's ``d3_router_backend_port_offset``
+(default 0: a NAT or port forward between router and host, as in the lab); address = the host's
+``d3_router_backend_address`` when set; else the instance's
+bind address when it is one specific address (vLLM listens there only); else the host's ``ansible_host``, else its
+inventory name. An instance bound to loopback only (127.0.0.1, ::1: ``d3_listen_address``'s default) is reachable
+from its own host only: refused unless the router is that host (then the router connects to that loopback address).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+try:  # under Ansible: the collection's own module
+    from ansible_collections.d3fleet.fleet.plugins.filter.d3_inputs import check, control_free, shown
+except ImportError:  # the unit tests import the filters as top-level modules
+    from d3_inputs import check, control_free, shown  # type: ignore[no-redef]
+
+# HAProxy proxy and server names: letters, digits, '-', '_', '.', ':' (configuration.txt, "4. Proxies"); served names
+# come from the planner (NAME_RE, [a-z0-9-]), checked again here since they reach the configuration.
+SERVED_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,126}\Z")
+HOSTNAME = re.compile(r"\A(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?\Z")
+UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+LISTEN_HINT = ("set d3_listen_address to 0.0.0.0 or the host's own address on that host (which needs the API key, "
+               "d3_units_api_key, from Vault), or run the router on that host")  # fmt: skip
+
+
+def server_name(host: str, instance: str) -> str:
+    """The HAProxy server name of ``instance`` on ``host``: ``<host>-<instance>``, unsafe characters as ``_``."""
+    return UNSAFE.sub("_", f"{host}-{instance}")
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _address_problem(value: Any) -> str | None:
+    """None when ``value`` is an IP address or a DNS host name, else what is wrong with it."""
+    if not isinstance(value, str) or not control_free(value):
+        return "is not one line of text"
+    if _ip(value) is None and not HOSTNAME.match(value):
+        return "is not an IP address or a DNS host name"
+    return None
+
+
+def _port_ok(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+
+
+def router_backends(
+    _input: Any,
+    router_host: str = "",
+    ports: Any = None,
+    port_base: Any = 9000,
+    listen_address: Any = "0.0.0.0",
+) -> dict[str, Any]:
+    """``_input``: ``{host: {plan, backend_address, backend_port_offset, ansible_host}}`` for every host of ``l4-nodes``
+    (``backend_port_offset``: what a NAT between router and host adds to every instance port, default 0; ``plan`` is the
+    host's ``d3_host_plan`` or None when this run did not plan it). Returns ``{models, servers, errors}``."""
+    errors: list[str] = []
+    ports = {} if ports is None else ports
+    if not isinstance(_input, dict):
+        return {"models": [], "servers": {}, "errors": [f"fleet hosts: expected a mapping of host to plan, got {shown(_input)}"]}
+    if not isinstance(ports, dict):
+        errors.append(f"d3_router_ports = {shown(ports)} is not a mapping of model or served name to port. Fix the inventory.")
+        ports = {}
+    if not _port_ok(port_base):
+        errors.append(f"d3_router_port_base = {shown(port_base)} is not a TCP port (1-65535). Fix the inventory.")
+        port_base = 9000
+    if check("ip", listen_address):
+        errors.append(f"d3_router_listen_address = {shown(listen_address)} {check('ip', listen_address)} "
+                      "(0.0.0.0: every IPv4 address, :: every IPv6 address). Fix the inventory.")  # fmt: skip
+
+    by_name: dict[str, dict[str, Any]] = {}
+    servers: dict[str, dict[str, dict[str, Any]]] = {}
+    taken_names: dict[str, str] = {}
+    host_ports: dict[int, str] = {}  # the router host's own instance ports (when it is an l4 host too)
+    for host in sorted(_input, key=str):
+        spec = _input[host]
+        if not isinstance(host, str) or not host or not control_free(host):
+            errors.append(f"l4-nodes host {shown(host)}: a host name must be one line of text. Fix the inventory.")
+            continue
+        spec = spec if isinstance(spec, dict) else {}
+        plan = spec.get("plan")
+        if not isinstance(plan, dict) or not isinstance(plan.get("instances"), list):
+            errors.append(f"host {host} (l4-nodes) has no d3_host_plan: this run did not plan it, so the router cannot "
+                          "know its instances. Run site.yml without a --limit that leaves l4-nodes hosts out "
+                          "(e.g. -l 'l4-nodes:d3-routers'), and fix the host if its plan failed.")  # fmt: skip
+            continue
+        explicit = spec.get("backend_address")
+        if explicit is not None and explicit != "":
+            problem = _address_problem(explicit)
+            if problem:
+                errors.append(f"host {host}: d3_router_backend_address = {shown(explicit)} {problem}. Fix the inventory.")
+                continue
+        offset = spec.get("backend_port_offset")
+        offset = 0 if offset is None or offset == "" else offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or not -65534 <= offset <= 65534:
+            errors.append(f"host {host}: d3_router_backend_port_offset = {shown(offset)} is not a whole number of ports "
+                          "(-65534..65534). Fix the inventory.")  # fmt: skip
+            continue
+        fallback = spec.get("ansible_host")
+        fallback_var = "ansible_host"
+        if fallback is None or fallback == "":
+            fallback, fallback_var = host, "the inventory name"
+        for inst in plan["instances"]:
+            if not isinstance(inst, dict):
+                errors.append(f"host {host}: d3_host_plan has an instance that is not a mapping: {shown(inst)}")
+                continue
+            name, served, model = inst.get("name"), inst.get("served_model_name"), inst.get("model")
+            port, bind = inst.get("port"), inst.get("bind_address")
+            where = f"host {host} instance {shown(name)}"
+            bad = [f"{key} {shown(value)}" for key, value in (("name", name), ("served_model_name", served), ("model", model))
+                   if not isinstance(value, str) or not SERVED_NAME.match(value)]  # fmt: skip
+            if not _port_ok(port):
+                bad.append(f"port {shown(port)}")
+            if bad:
+                errors.append(f"{where}: the plan's {', '.join(bad)} cannot go into the router's configuration "
+                              "(names: letters, digits, . _ -; port 1-65535). Fix d3_models / d3_fleet_models.")  # fmt: skip
+                continue
+            if host == router_host:
+                host_ports[port] = name
+            bound = _ip(str(bind)) if isinstance(bind, str) and control_free(bind) else None
+            if explicit:
+                address, source = explicit, "d3_router_backend_address"
+            elif bound is not None and not bound.is_loopback and not bound.is_unspecified:
+                address, source = str(bound), "the instance's bind address (d3_listen_address)"
+            else:
+                address, source = fallback, fallback_var
+            if bound is not None and bound.is_loopback:
+                if host != router_host:
+                    errors.append(f"{where} listens on {bound} only (d3_listen_address), so the router on "
+                                  f"{router_host or 'another host'} cannot reach it: {LISTEN_HINT}.")  # fmt: skip
+                    continue
+                address, source = str(bound), "the instance's loopback bind address (the router runs on this host)"
+            elif bound is None:
+                errors.append(f"{where}: the plan's bind_address {shown(bind)} is not an IP address. Fix d3_listen_address.")
+                continue
+            problem = _address_problem(address)
+            if problem:
+                errors.append(f"{where}: the router's address for it, {source} = {shown(address)}, {problem}. "
+                              "Set d3_router_backend_address on that host.")  # fmt: skip
+                continue
+            resolved = _ip(address)
+            if resolved is not None and (resolved.is_loopback or resolved.is_unspecified) and host != router_host:
+                errors.append(f"{where}: the router would connect to {address} ({source}), which is not that host as "
+                              f"seen from the router {router_host or ''}. Set d3_router_backend_address on {host} to an "
+                              "address the router reaches it at.")  # fmt: skip
+                continue
+            if not _port_ok(port + offset):
+                errors.append(f"{where}: its port {port} + d3_router_backend_port_offset {offset} = {port + offset} is "
+                              "not a TCP port (1-65535). Fix the inventory.")  # fmt: skip
+                continue
+            sname = server_name(host, name)
+            if sname in taken_names:
+                errors.append(f"{where}: its router server name {sname!r} is also that of {taken_names[sname]}. "
+                              "Rename the instance (`name:`) or the host.")  # fmt: skip
+                continue
+            taken_names[sname] = where
+            entry = by_name.setdefault(served, {"served_name": served, "models": set(), "servers": []})
+            entry["models"].add(model)
+            entry["servers"].append({"name": sname, "address": address, "port": port + offset, "host": host, "instance": name})
+            servers.setdefault(host, {})[name] = {"backend": f"be_{served}", "server": sname, "frontend": f"fe_{served}"}
+
+    names = sorted(by_name)
+    by_model: dict[str, list[str]] = {}
+    for served in names:
+        for model in by_name[served]["models"]:
+            by_model.setdefault(model, []).append(served)
+    wanted: dict[str, tuple[int, str]] = {}
+    for key in sorted(ports, key=str):
+        value = ports[key]
+        if not _port_ok(value):
+            errors.append(f"d3_router_ports[{shown(key)}] = {shown(value)} is not a TCP port (1-65535). Fix the inventory.")
+            continue
+        if key in by_name:
+            wanted[key] = (value, f"d3_router_ports[{key!r}]")
+        elif key in by_model and len(by_model[key]) == 1:
+            wanted.setdefault(by_model[key][0], (value, f"d3_router_ports[{key!r}]"))
+        elif key in by_model:
+            errors.append(f"d3_router_ports[{key!r}]: model {key} is served under several names ({', '.join(by_model[key])}); "
+                          "key the port by served name instead.")  # fmt: skip
+        else:
+            errors.append(f"d3_router_ports[{shown(key)}] names no model served in the fleet (served: "
+                          f"{', '.join(names) or 'none'}). Fix or remove it.")  # fmt: skip
+
+    models = []
+    used: dict[int, str] = {}
+    for index, served in enumerate(names):
+        entry = by_name[served]
+        port, why = wanted.get(served, (port_base + index, f"d3_router_port_base ({port_base}) + {index}"))
+        if port > 65535:
+            errors.append(f"model {served}: its router port {why} = {port} is above 65535. Lower d3_router_port_base.")
+            continue
+        if port in used:
+            errors.append(f"model {served}: its router port {port} ({why}) is also that of model {used[port]}. "
+                          "Give each model its own port in d3_router_ports.")  # fmt: skip
+            continue
+        if port in host_ports:
+            errors.append(f"model {served}: its router port {port} ({why}) is also the port of instance "
+                          f"{host_ports[port]} on the router host {router_host}. Choose another in d3_router_ports.")  # fmt: skip
+            continue
+        used[port] = served
+        if len(entry["models"]) > 1:
+            errors.append(f"served name {served} is used by different models ({', '.join(sorted(entry['models']))}) on "
+                          "different hosts: clients would get either. Give the instances distinct `name:`.")  # fmt: skip
+            continue
+        models.append({
+            "model": next(iter(entry["models"])),
+            "served_name": served,
+            "frontend": f"fe_{served}",
+            "backend": f"be_{served}",
+            "port": port,
+            "servers": sorted(entry["servers"], key=lambda s: s["name"]),
+        })  # fmt: skip
+    if not by_name and not errors:
+        errors.append("no instance is planned on any host of l4-nodes: the router has nothing to route (HAProxy does "
+                      "not start without a frontend). Plan models (d3_models, d3_fleet_models) first.")  # fmt: skip
+    return {"models": models, "servers": servers, "errors": errors}
+
+
+class FilterModule:
+    """Ansible filters: d3_router_backends."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"d3_router_backends": router_backends}

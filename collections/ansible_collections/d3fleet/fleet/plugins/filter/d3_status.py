@@ -1,0 +1,171 @@
+"""Fleet status: what runs on a host against what its inventory wants (drift), as rows and a table.
+
+A row's ``drift`` lists how the host differs from the inventory; ``unknown`` lists what status could not decide
+(the wanted image digest could not be resolved): playbooks/status.yml exits non-zero on either kind of unknown
+unless told otherwise (d3_status_fail_on_unknown)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _digest(image_name: str) -> str:
+    return image_name.split("@", 1)[1] if "@" in image_name else ""
+
+
+def _health(probe: dict[str, Any] | None, unit: dict[str, Any]) -> str:
+    if probe is None:
+        return f"unit {unit['ActiveState']}" if unit.get("ActiveState") else "-"
+    if probe.get("health") != 200:
+        return f"down ({probe.get('health', '?')})"
+    if probe.get("decision") != 200:
+        return f"no decision ({probe.get('decision', '?')})"
+    if probe.get("problems"):
+        return "bad answer: " + "; ".join(probe["problems"])
+    return "ready"
+
+
+def _restarts(unit: dict[str, Any]) -> int | None:
+    value = str(unit.get("NRestarts", ""))
+    return int(value) if value.isdigit() else None
+
+
+def status_rows(
+    plan: dict[str, Any],
+    host: str,
+    containers: list[dict[str, Any]],
+    probe: list[dict[str, Any]],
+    wanted_digest: str,
+    context: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per planned, running or recorded instance, with its drift reasons (empty = as the inventory wants).
+
+    ``probe`` is the d3_smoke role's probe output (d3_smoke_probe: name, health, decision, elapsed_ms, problems).
+    ``context`` (all optional): ``digest_error`` (why the wanted digest is unknown, when it is ''), ``gpus`` (the
+    GPU indices nvidia-smi lists now; None = not read), ``deployed`` (the deployment record's instances: name ->
+    {model, revision, port, gpus, unit}), ``units`` (unit -> systemd properties ActiveState, NRestarts) and
+    ``plan_error`` (why the inventory's plan failed: its instances are then the record's)."""
+    ctx = context or {}
+    deployed: dict[str, dict[str, Any]] = ctx.get("deployed") or {}
+    units: dict[str, dict[str, Any]] = ctx.get("units") or {}
+    present = ctx.get("gpus")
+    running = {c["Labels"]["io.d3-fleet.instance"]: c for c in containers if c.get("Labels", {}).get("io.d3-fleet.instance")}
+    probe_by = {p["name"]: p for p in probe}
+    planned = {i["name"]: i for i in plan.get("instances") or []}
+    rows = []
+
+    def gpu_drift(gpus: list[int]) -> list[str]:
+        if present is None:
+            return []
+        lost = [g for g in gpus if g not in present]
+        if not lost:
+            return []
+        listed = ", ".join(str(g) for g in present) or "none"
+        return [f"GPU {', '.join(str(g) for g in lost)} missing (nvidia-smi lists {listed})"]
+
+    for inst in plan.get("instances") or []:
+        ctr = running.get(inst["name"])
+        unit = units.get(inst.get("unit", inst["name"]), {})
+        drift: list[str] = []
+        unknown: list[str] = []
+        digest = _digest((ctr or {}).get("Image", ""))
+        revision = (ctr or {}).get("Labels", {}).get("io.d3-fleet.revision", "")
+        if ctr is None:
+            drift.append("not running")
+        else:
+            if ctr.get("State") != "running":
+                drift.append(f"container {ctr.get('State')}")
+            if wanted_digest and digest != wanted_digest:
+                drift.append(f"image {digest[:19] or '?'} != wanted {wanted_digest[:19]}")
+            if inst["revision"] and revision != inst["revision"]:
+                drift.append(f"revision {revision[:12]} != wanted {inst['revision'][:12]}")
+        if not wanted_digest and ctx.get("digest_error"):
+            unknown.append(f"wanted image digest unknown: {ctx['digest_error']}")
+        drift += gpu_drift(list(inst.get("gpus") or []))
+        p = probe_by.get(inst["name"], {})
+        rows.append(
+            {
+                "host": host,
+                "instance": inst["name"],
+                "model": inst["model"],
+                "digest": digest,
+                "revision": revision,
+                "health": _health(p, unit),
+                "smoke_ms": p.get("elapsed_ms"),
+                "restarts": _restarts(unit),
+                "gpus": list(inst.get("gpus") or []),
+                "drift": drift,
+                "unknown": unknown,
+            }
+        )
+    # recorded (deployed) instances the plan does not have: the plan failed, or the inventory dropped them
+    for name, rec in sorted(deployed.items()):
+        if name in planned:
+            continue
+        ctr = running.get(name)
+        unit = units.get(rec.get("unit", name), {})
+        why = f"not in the plan ({ctx['plan_error']})" if ctx.get("plan_error") else "not in the inventory"
+        drift = [why] + ([] if ctr else ["not running"]) + gpu_drift(list(rec.get("gpus") or []))
+        rows.append(
+            {
+                "host": host,
+                "instance": name,
+                "model": rec.get("model", "?"),
+                "digest": _digest((ctr or {}).get("Image", "")),
+                "revision": (ctr or {}).get("Labels", {}).get("io.d3-fleet.revision", ""),
+                "health": _health(None, unit),
+                "smoke_ms": None,
+                "restarts": _restarts(unit),
+                "gpus": list(rec.get("gpus") or []),
+                "drift": drift,
+                "unknown": [],
+            }
+        )
+    for name, ctr in sorted(running.items()):
+        if name not in planned and name not in deployed:
+            unit = units.get(name, {})
+            rows.append(
+                {
+                    "host": host,
+                    "instance": name,
+                    "model": ctr["Labels"].get("io.d3-fleet.model", "?"),
+                    "digest": _digest(ctr.get("Image", "")),
+                    "revision": ctr["Labels"].get("io.d3-fleet.revision", ""),
+                    "health": "-",
+                    "smoke_ms": None,
+                    "restarts": _restarts(unit),
+                    "gpus": [],
+                    "drift": ["not in the inventory"],
+                    "unknown": [],
+                }
+            )
+    return rows
+
+
+def status_table(rows: list[dict[str, Any]]) -> list[str]:
+    header = ("host", "instance", "model", "digest", "revision", "health", "2q ms", "restarts", "drift")
+    table = [header]
+    for r in rows:
+        reasons = list(r["drift"]) + [f"unknown: {u}" for u in r.get("unknown") or []]
+        table.append(
+            (
+                r["host"],
+                r["instance"],
+                r["model"],
+                r["digest"][:19],
+                (r["revision"] or "")[:12],
+                r["health"],
+                "-" if r["smoke_ms"] is None else str(round(r["smoke_ms"])),
+                "-" if r.get("restarts") is None else str(r["restarts"]),
+                "; ".join(reasons) or "none",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
+
+
+class FilterModule:
+    """Ansible filters: d3_status_rows, d3_status_table."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"d3_status_rows": status_rows, "d3_status_table": status_table}

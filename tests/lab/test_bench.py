@@ -1,0 +1,158 @@
+"""playbooks/bench.yml on two lab hosts (the lab is a STAND-IN: simulated L4 hosts, the vLLM simulator).
+
+One bench run with a short load (durations and request counts are variables) on the converged lab: its JSON holds
+every planned instance of both hosts, the accuracy recomputed here from the recorded answers and the suite equals the
+reported one, percentiles are ordered, every concurrency level has throughput, the plots are written, and every
+figure is labelled simulated (the simulator says so in GET /version). A host carrying the rollout marker is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import labkit
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+HOSTS = ["d3-lab-host1", "d3-lab-host2"]
+SUITE = labkit.ROOT / "roles/d3_bench/files/suites/support-tickets.yml"
+CONCURRENCY = [1, 2, 4]
+MARKER = "/var/lib/d3/rollout-in-progress"  # roles/d3_state/defaults/main.yml: d3_state_rollout_marker
+SHORT = {"d3_bench_samples": 3, "d3_bench_warmup": 1, "d3_bench_duration_s": 1.0, "d3_bench_concurrency": CONCURRENCY}
+# An extra endpoint named by one host only (d3_bench_endpoints): host2's d3-nano again, as a stand-in "generalist".
+EXTRA = ("{{ [{'name': 'generalist', 'url': 'http://127.0.0.1:' ~ (d3_host_plan.instances | selectattr('model', 'eq', "
+         "'d3-nano') | map(attribute='port') | first), 'model': 'd3-nano', 'label': 'stand-in generalist', 'gpus': 0}] "
+         "if inventory_hostname == 'd3-lab-host2' else [] }}")
+
+
+@pytest.fixture(scope="module")
+def bench(converge_run: labkit.Run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    start = time.monotonic()
+    run = labkit.run_playbook(
+        "playbooks/bench.yml",
+        limit=",".join(HOSTS),
+        extravars={**SHORT, "d3_bench_endpoints": EXTRA, "d3_bench_output": str(out / "report.json"),
+                   "d3_bench_plot_dir": str(out / "plots")},
+    )
+    assert run.status == "successful", run.failure_text() + run.stdout[-3000:]
+    print(f"\nbench.yml on {', '.join(HOSTS)} took {time.monotonic() - start:.1f} s")
+    return {"run": run, "report": json.loads((out / "report.json").read_text()), "dir": out}
+
+
+def expected_instances() -> set[tuple[str, str]]:
+    """(host, instance) of every D3 container running on the two hosts (what the converge started)."""
+    found = {(h, name) for h in HOSTS for name in labkit.running(h)}
+    assert found, "no D3 instance runs on the lab hosts"
+    return found
+
+
+def rescore(answers: list[dict[str, Any]], suite: dict[str, Any]) -> tuple[int, int]:
+    """(right, asked) computed here, independently of the filter: exact for choice and noul (P(yes) >= 0.5 is yes),
+    within half a level for score; a failed case counts its questions as wrong."""
+    got = {a["id"]: a for a in answers}
+    right = asked = 0
+    for case in suite["cases"]:
+        ans = got[case["id"]]["answers"] if got[case["id"]]["status"] == 200 else {}
+        for qid, want in case["expect"].items():
+            asked += 1
+            q = (case.get("questions") or {}).get(qid) or suite["questions"][qid]
+            a = ans.get(qid) or {}
+            if q["type"] == "choice":
+                right += a.get("choice") == want
+            elif q["type"] == "noul":
+                right += (a.get("noul", -1) >= 0.5) == want and "noul" in a
+            else:
+                right += "score" in a and abs(a["score"] - q["criteria"].index(want)) <= 0.5
+    return right, asked
+
+
+def test_every_planned_instance_is_in_the_report(bench: dict[str, Any]) -> None:
+    planned = [i for i in bench["report"]["instances"] if i["kind"] == "planned"]
+    assert {(i["host"], i["name"]) for i in planned} == expected_instances()
+    assert all(i["health"] == 200 for i in bench["report"]["instances"])
+
+
+def test_extra_endpoint_is_benched_from_the_host_that_names_it(bench: dict[str, Any]) -> None:
+    (extra,) = [i for i in bench["report"]["instances"] if i["kind"] == "extra"]
+    assert (extra["host"], extra["name"], extra["model"], extra["gpu_count"]) == (HOSTS[1], "generalist", "stand-in generalist", 0)
+    assert extra["score"]["total"] > 0 and [t["concurrency"] for t in extra["throughput"]] == CONCURRENCY
+
+
+def test_lab_figures_are_labelled_simulated(bench: dict[str, Any]) -> None:
+    report = bench["report"]
+    assert report["simulated"] is True and report["label"].startswith("SIMULATED")
+    for inst in report["instances"]:
+        assert inst["simulated"] is True and "+d3sim" in inst["server_version"], inst["name"]
+    table = "\n".join(str(r["res"].get("msg", "")) for r in bench["run"].results() if r.get("task") == "Print the bench tables")
+    assert "SIMULATED" in table and "[published: field report]" in table
+
+
+def test_accuracy_recomputed_from_the_recorded_answers(bench: dict[str, Any]) -> None:
+    suite = yaml.safe_load(SUITE.read_text())
+    accuracies = set()
+    for inst in bench["report"]["instances"]:
+        right, asked = rescore(inst["answers"], suite)
+        score = inst["score"]
+        assert (score["correct"], score["total"]) == (right, asked), inst["name"]
+        assert math.isclose(score["accuracy"], right / asked, abs_tol=1e-4)
+        assert score["failed_requests"] == 0
+        assert 0.0 <= score["brier"] <= 1.0
+        accuracies.add(score["correct"])
+    assert len(accuracies) > 1, "the simulator answers every model alike"
+
+
+def test_latency_percentiles_are_ordered_and_grow_with_questions_and_size(bench: dict[str, Any]) -> None:
+    p50 = {}
+    for inst in bench["report"]["instances"]:
+        for label in ("q2", "q4"):
+            lat = inst["latency"][label]
+            assert lat["errors"] == 0 and lat["n"] == SHORT["d3_bench_samples"]
+            assert lat["min"] <= lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"], (inst["name"], label, lat)
+        assert inst["latency"]["q4"]["p50"] > inst["latency"]["q2"]["p50"]
+        for level in inst["throughput"]:
+            assert level["p50"] <= level["p95"] <= level["p99"], (inst["name"], level)
+        if inst["kind"] == "planned":
+            p50[inst["model"]] = inst["latency"]["q4"]["p50"]
+    assert p50["d3"] > p50["d3-flash"] > p50["d3-mini"] > p50["d3-edge"], p50
+
+
+def test_throughput_for_each_concurrency(bench: dict[str, Any]) -> None:
+    for inst in bench["report"]["instances"]:
+        levels = inst["throughput"]
+        assert [t["concurrency"] for t in levels] == CONCURRENCY, inst["name"]
+        for t in levels:
+            assert t["requests"] > 0 and t["errors"] == 0, (inst["name"], t)
+            assert t["requests_per_s"] > 0 and math.isclose(t["questions_per_s"], t["requests_per_s"] * 4, rel_tol=0.02)
+
+
+def test_gpus_and_memory_per_instance(bench: dict[str, Any]) -> None:
+    by = {i["name"]: i for i in bench["report"]["instances"] if i["kind"] == "planned"}
+    assert by["d3-27b"]["gpu_count"] == 2 and by["d3-27b"]["gpus"] == [0, 1]
+    for inst in by.values():
+        assert inst["memory"]["used_mib"] > 0 and inst["memory"]["budget_mib"] > 0, inst["name"]
+
+
+def test_plots_written(bench: dict[str, Any]) -> None:
+    for name in ("bench-latency-vs-concurrency.png", "bench-accuracy-vs-latency.png"):
+        path: Path = bench["dir"] / "plots" / name
+        assert path.is_file() and path.stat().st_size > 10_000, path
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_host_mid_rollout_is_refused(converged: list[str]) -> None:
+    host = HOSTS[1]
+    labkit.on_host(host, f"mkdir -p {Path(MARKER).parent} && touch {MARKER}")
+    try:
+        run = labkit.run_playbook("playbooks/bench.yml", limit=host, extravars=SHORT)
+    finally:
+        labkit.on_host(host, f"rm -f {MARKER}")
+    assert run.status == "failed"
+    assert MARKER in run.failure_text(host) and "rollout" in run.failure_text(host)
+    assert "Send the suite and the load from the host to each instance, one instance at a time" not in run.tasks_run(host)

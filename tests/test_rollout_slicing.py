@@ -1,0 +1,48 @@
+"""rollout.yml refuses a sliced run (AWX job slicing) that does not say which slice holds the canary, before it
+contacts a host's roles; a slice that knows passes the check. Runs on localhost, tags restricted to the check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def rollout(tmp_path: Path, extra: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("all:\n  children:\n    l4-nodes:\n      hosts:\n        h1: {ansible_connection: local, "
+                     f"ansible_python_interpreter: {sys.executable}}}\n")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_BECOME="false",
+               PATH=f"{BIN}:{os.environ['PATH']}")  # fmt: skip
+    # --tags none_but_always: only the `always` check runs; no role touches this machine
+    argv = [str(BIN / "ansible-playbook"), "playbooks/rollout.yml", "-i", str(hosts), "--tags", "none_but_always",
+            "-e", "ansible_become=false", "-e", json.dumps(extra)]  # fmt: skip
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("extra", [
+    {"d3_image_slice_count": 2, "d3_image_slice_number": 1},
+    {"d3_image_slice_count": 2, "d3_image_slice_number": 2, "d3_rollout_canary_slice": 3},
+    {"d3_image_slice_count": 2, "d3_rollout_canary_slice": 1},
+])  # fmt: skip
+def test_a_sliced_rollout_without_its_canary_slice_is_refused(tmp_path: Path, extra: dict[str, Any]) -> None:
+    proc = rollout(tmp_path, extra)
+    assert proc.returncode != 0
+    assert "Each slice would restart its own first host as a canary" in proc.stdout, proc.stdout[-2000:]
+    assert "set d3_rollout_canary_slice" in proc.stdout
+
+
+@pytest.mark.parametrize("extra", [{}, {"d3_image_slice_count": 1},
+                                   {"d3_image_slice_count": 2, "d3_image_slice_number": 2, "d3_rollout_canary_slice": 1}])
+def test_an_unsliced_rollout_or_a_slice_that_knows_passes_the_check(tmp_path: Path, extra: dict[str, Any]) -> None:
+    proc = rollout(tmp_path, extra)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "Refuse a sliced rollout that does not know which slice holds the canary" in proc.stdout

@@ -159,7 +159,7 @@ REQUESTS = [
 def test_smoke_sends_every_request_to_every_ready_instance(
     server: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", ""))
+    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", "", ""))
     monkeypatch.setattr(Handler, "up", {"flash", "lite"})
     out = run(smoke, capsys, instances=[instance(server, "flash"), instance(server, "lite")], requests=REQUESTS, api_key=SECRET,
               timeout_s=5, poll_s=0.05)  # fmt: skip
@@ -177,7 +177,7 @@ def test_smoke_sends_every_request_to_every_ready_instance(
 
 def test_smoke_reports_what_it_waited_for_and_asks_only_the_ready(server: str, capsys: pytest.CaptureFixture[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    states = {"d3-flash": ("active", ""), "d3-lite": ("active", "42"), "d3-mini": ("active", "")}
+    states = {"d3-flash": ("active", "", ""), "d3-lite": ("active", "42", ""), "d3-mini": ("active", "", "")}
     monkeypatch.setattr(smoke, "unit_state", lambda unit: states[unit])
     monkeypatch.setattr(Handler, "up", {"flash", "lite"})
     out = run(smoke, capsys, instances=[instance(server, n) for n in ("flash", "lite", "mini")], requests=REQUESTS[:1],
@@ -188,7 +188,7 @@ def test_smoke_reports_what_it_waited_for_and_asks_only_the_ready(server: str, c
 
 
 def test_smoke_refuses_duplicate_request_ids(server: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", ""))
+    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", "", ""))
     out = run(smoke, capsys, instances=[instance(server, "flash")], requests=[REQUESTS[0], REQUESTS[0]])
     assert out["failed"] is True and "unique" in out["msg"]
 
@@ -423,11 +423,18 @@ def refused_url() -> str:
 
 def test_smoke_reads_the_units_state_from_systemctl(host: FakeHost) -> None:
     host.set({"d3-flash.service": {"ActiveState": "active"}, "d3-lite.service": {"ActiveState": "active", "Job": "1234"}})
-    assert smoke.unit_state("d3-flash") == ("active", "")
-    assert smoke.unit_state("d3-lite") == ("active", "1234")
-    assert smoke.unit_state("d3-gone") == ("inactive", "")
+    assert smoke.unit_state("d3-flash") == ("active", "", "")
+    assert smoke.unit_state("d3-lite") == ("active", "1234", "")
+    assert smoke.unit_state("d3-gone") == ("inactive", "", "")
+    # the note: a SubState that says more than the state, and the restart count when there were restarts
+    host.set({"d3-nano.service": {"ActiveState": "activating", "SubState": "auto-restart", "NRestarts": "1", "Job": "7"},
+              "d3-mini.service": {"ActiveState": "active", "SubState": "running", "NRestarts": "0"},
+              "d3-edge.service": {"ActiveState": "inactive", "SubState": "dead", "NRestarts": "2"}})  # fmt: skip
+    assert smoke.unit_state("d3-nano") == ("activating", "7", "auto-restart, 1 restart")
+    assert smoke.unit_state("d3-mini") == ("active", "", "")
+    assert smoke.unit_state("d3-edge") == ("inactive", "", "2 restarts")
     host.set(no_systemd=True)
-    assert smoke.unit_state("d3-flash") == ("?", "")
+    assert smoke.unit_state("d3-flash") == ("?", "", "")
 
 
 def test_smoke_says_why_each_unit_is_not_ready(
@@ -436,16 +443,20 @@ def test_smoke_says_why_each_unit_is_not_ready(
     monkeypatch.setattr(Handler, "up", {"flash", "lite", "mini"})
     host.set({"d3-flash.service": {"ActiveState": "active"},
               "d3-lite.service": {"ActiveState": "active", "Job": "77"},  # a queued restart: the old process answers
-              "d3-mini.service": {"ActiveState": "activating"},
-              "d3-nano.service": {"ActiveState": "active"}, "d3-pico.service": {"ActiveState": "active"}})  # fmt: skip
+              "d3-mini.service": {"ActiveState": "activating", "SubState": "start-post", "NRestarts": "0"},
+              # a crash loop: between two tries, with the next start queued
+              "d3-nano.service": {"ActiveState": "activating", "SubState": "auto-restart", "NRestarts": "12", "Job": "91"},
+              "d3-pico.service": {"ActiveState": "active", "SubState": "running", "NRestarts": "1"},
+              "d3-edge.service": {"ActiveState": "failed", "SubState": "failed", "NRestarts": "1"}})  # fmt: skip
     pico = dict(instance(server, "pico"), health_url=refused_url())
-    instances = [instance(server, n) for n in ("flash", "lite", "mini", "nano")] + [pico]
+    instances = [instance(server, n) for n in ("flash", "lite", "mini", "nano", "edge")] + [pico]
     out = run(smoke, capsys, instances=instances, timeout_s=1, poll_s=0.5)
     assert list(out["ready"]) == ["d3-flash"] and list(out["answers"]) == ["d3-flash"]
     assert out["waiting"] == {
         "d3-lite": "unit active (job queued)",
-        "d3-mini": "unit activating",
-        "d3-nano": f"unit active, {server}/nano/health answered 503",
+        "d3-mini": "unit activating (start-post)",
+        "d3-nano": "unit activating (auto-restart, 12 restarts; job queued)",
+        "d3-edge": "unit failed (1 restart)",
         "d3-pico": f"unit active, {pico['health_url']} answered ConnectionRefusedError",
     }
     assert sum(clock.slept) <= 1  # it stops once timeout_s has passed
@@ -459,9 +470,9 @@ def test_smoke_polls_until_each_unit_is_ready_and_says_when(
     start = clock.now
     polls: list[str] = []
 
-    def unit_state(unit: str) -> tuple[str, str]:  # d3-flash is active from its third poll on
+    def unit_state(unit: str) -> tuple[str, str, str]:  # d3-flash is active from its third poll on
         polls.append(unit)
-        return ("active", "") if unit == "d3-lite" or polls.count(unit) >= 3 else ("activating", "")
+        return ("active", "", "") if unit == "d3-lite" or polls.count(unit) >= 3 else ("activating", "", "")
 
     monkeypatch.setattr(smoke, "unit_state", unit_state)
     monkeypatch.setattr(Handler, "up", {"flash", "lite"})
@@ -475,7 +486,7 @@ def test_smoke_polls_until_each_unit_is_ready_and_says_when(
 
 def test_smoke_waits_timeout_s_by_default(clock: Clock, server: str, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("activating", ""))
+    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("activating", "", ""))
     out = run(smoke, capsys, instances=[instance(server, "flash")])
     options = documented(smoke)
     assert out["waiting"] == {"d3-flash": "unit activating"}
@@ -492,7 +503,7 @@ def test_smoke_requests_time_out_as_configured(server: str, capsys: pytest.Captu
         return real_send(url, method, body, key, timeout)
 
     monkeypatch.setattr(smoke, "send", send)
-    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", ""))
+    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", "", ""))
     monkeypatch.setattr(Handler, "up", {"flash"})
     monkeypatch.setattr(Handler, "delay", {"v1/slow": 2.5})
     requests = [{"id": "slow", "method": "GET", "path": "/v1/slow", "timeout": 1}, {"id": "models", "method": "GET", "path": "/v1/models"}]
@@ -519,7 +530,7 @@ def test_smoke_health_check_gives_up_after_two_seconds() -> None:
 def test_smoke_requires_every_field(option: str, field: str, server: str, capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     polled: list[str] = []
-    monkeypatch.setattr(smoke, "unit_state", lambda unit: polled.append(unit) or ("active", ""))
+    monkeypatch.setattr(smoke, "unit_state", lambda unit: polled.append(unit) or ("active", "", ""))
     monkeypatch.setattr(Handler, "up", {"flash"})
     args = {"instances": [instance(server, "flash")], "requests": [dict(REQUESTS[2])], "timeout_s": 1, "poll_s": 0.1}
     del args[option][0][field]
@@ -530,7 +541,7 @@ def test_smoke_requires_every_field(option: str, field: str, server: str, capsys
 
 def test_smoke_requires_instances_and_refuses_unknown_methods(server: str, capsys: pytest.CaptureFixture[str],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", ""))
+    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", "", ""))
     monkeypatch.setattr(Handler, "up", {"flash"})
     out = run(smoke, capsys, requests=REQUESTS)
     assert out["failed"] is True and "missing required arguments: instances" in out["msg"]
@@ -539,14 +550,14 @@ def test_smoke_requires_instances_and_refuses_unknown_methods(server: str, capsy
 
 
 def test_smoke_without_requests_only_waits(server: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", ""))
+    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", "", ""))
     monkeypatch.setattr(Handler, "up", {"flash"})
     out = run(smoke, capsys, instances=[instance(server, "flash")], timeout_s=5, poll_s=0.05)
     assert out.get("failed") is None and list(out["ready"]) == ["d3-flash"] and out["answers"] == {"d3-flash": {}}
 
 
 def test_smoke_runs_in_check_mode(server: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", ""))
+    monkeypatch.setattr(smoke, "unit_state", lambda unit: ("active", "", ""))
     monkeypatch.setattr(Handler, "up", {"flash"})
     out = run(smoke, capsys, instances=[instance(server, "flash")], requests=REQUESTS[:1], _ansible_check_mode=True)
     assert out.get("skipped") is None and out["answers"]["d3-flash"]["models"]["status"] == 200

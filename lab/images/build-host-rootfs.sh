@@ -43,6 +43,12 @@ mkdir -p "$R/etc/systemd/system/multi-user.target.wants"
 ln -sf ../lab-ssh-keygen.service "$R/etc/systemd/system/multi-user.target.wants/lab-ssh-keygen.service"
 install -m 0644 "$HERE/sshd-lab.conf" "$R/etc/ssh/sshd_config.d/50-d3-lab.conf"
 
+# Debian 12 only: podman's cgroup manager for the nested lab (why: containers-cgroupfs.conf). podman is installed
+# later by the production roles; its configuration directory is read whenever it runs.
+if [ "$SUITE" = bookworm ]; then
+  install -D -m 0644 "$HERE/containers-cgroupfs.conf" "$R/etc/containers/containers.conf.d/50-d3-lab-cgroupfs.conf"
+fi
+
 # The fleet's admin user: key login, passwordless sudo (as on a real fleet).
 chroot "$R" useradd --create-home --shell /bin/bash --user-group fleet
 install -d -m 0700 -o "$(chroot "$R" id -u fleet)" -g "$(chroot "$R" id -g fleet)" "$R/home/fleet/.ssh"

@@ -19,8 +19,8 @@ SshRunner = Callable[..., subprocess.CompletedProcess[str]]
 # before anything converges the lab, in this order: test_refusals needs a fresh (not converged) host; test_lab_hosts
 # re-creates the last host (it comes back fresh), so it must run before the session's one converge, not after it
 FIRST_MODULES = ("test_refusals.py", "test_lab_hosts.py")
-# they move the fleet to other tags: after everything that shares `converged`, in this order (test_router puts the
-# fleet back on the first tag, test_rollout leaves it on another)
+# after everything that shares `converged`, in this order: test_router checks the routed fleet as converged,
+# test_rollout moves the fleet to other tags (its drills put it back on a pinned digest)
 LAST_MODULES = ("test_router.py", "test_rollout.py")
 
 

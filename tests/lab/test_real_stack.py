@@ -168,3 +168,39 @@ def test_driver_r570_refused_then_run_in_cuda_compat(converged: list[str]) -> No
         on_host(host, "/usr/lib/lab-nvidia/lab-nvidia-setup --driver-version default")
         restored = converge(host)
     assert restored.status == "successful", restored.failure_text()
+
+
+@pytest.mark.parametrize("suite", ["bookworm", "trixie"])
+def test_stopping_one_instance_leaves_the_others_running(converged: list[str], suite: str) -> None:
+    """On a real host each container has its own cgroups: stopping one instance (a rollout's restart, a prune, an
+    operator's systemctl stop) must not touch the others. The nested lab once broke this on Debian 12 (one shared v1
+    cgroup: crun's delete killed every instance of the host; lab/images/containers-cgroupfs.conf)."""
+    host = hosts_by_suite(converged)[suite]
+    before = labkit.d3_containers(host)
+    assert len(before) >= 2, f"{host}: the test needs two instances, found {sorted(before)}"
+    victim, *others = sorted(before)
+    restarts = {n: on_host(host, f"systemctl show -p NRestarts --value {n}.service").strip() for n in others}
+    on_host(host, f"systemctl stop {victim}.service")
+    try:
+        assert on_host(host, f"systemctl is-active {victim}.service", check=False).strip() == "inactive"
+        # a killed instance is restarted by systemd 10 s later (RestartSec): look past that
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            now = labkit.d3_containers(host)
+            for name in others:
+                assert name in now and now[name]["State"]["Status"] == "running", (name, now.get(name, {}).get("State"))
+                assert now[name]["State"]["Pid"] == before[name]["State"]["Pid"], f"{host}: {name} was restarted"
+            time.sleep(1)
+        after = {n: on_host(host, f"systemctl show -p NRestarts --value {n}.service").strip() for n in others}
+        assert after == restarts, f"{host}: systemd restarted {after} (before {restarts})"
+    finally:
+        on_host(host, f"systemctl start --no-block {victim}.service")
+    port = int(before[victim]["Config"]["Cmd"][before[victim]["Config"]["Cmd"].index("--port") + 1])
+
+    def serving() -> bool:
+        try:
+            return http(host, port, "/health")[0] == 200
+        except AssertionError:
+            return False
+
+    labkit.wait_until(f"{host}: {victim} serving again", serving, timeout=120, poll=0.5)

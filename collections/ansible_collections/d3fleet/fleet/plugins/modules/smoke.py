@@ -134,13 +134,20 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_http import send
 
 
-def unit_state(unit: str) -> tuple[str, str]:
+def unit_state(unit: str) -> tuple[str, str, str]:
+    """(ActiveState, Job, note): the note names what an operator reads first when a unit never gets ready, e.g.
+    "auto-restart, 12 restarts" for an instance that keeps crashing (older systemctl leaves unknown ones out)."""
     out = subprocess.run(
-        ["systemctl", "show", "--property=ActiveState,Job", f"{unit}.service"],
+        ["systemctl", "show", "--property=ActiveState,SubState,NRestarts,Job", f"{unit}.service"],
         capture_output=True, text=True, check=False,
     ).stdout  # fmt: skip
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return props.get("ActiveState", "?"), props.get("Job", "")
+    state = props.get("ActiveState", "?")
+    notes = [props["SubState"]] if props.get("SubState") and props["SubState"] not in (state, "running", "dead") else []
+    restarts = props.get("NRestarts", "")
+    if restarts.isdigit() and int(restarts) > 0:
+        notes.append(f"{restarts} restart" + ("s" if int(restarts) > 1 else ""))
+    return state, props.get("Job", ""), ", ".join(notes)
 
 
 def health(url: str) -> str:
@@ -162,9 +169,10 @@ def wait(targets: dict[str, str], timeout: float, poll: float) -> dict:
         for unit, url in targets.items():
             if unit in ready:
                 continue
-            state, job = unit_state(unit)
+            state, job, note = unit_state(unit)
             if state != "active" or job:
-                waiting[unit] = f"unit {state}" + (" (job queued)" if job else "")
+                detail = "; ".join(x for x in (note, "job queued" if job else "") if x)
+                waiting[unit] = f"unit {state}" + (f" ({detail})" if detail else "")
                 continue
             status = health(url)
             if status == "200":

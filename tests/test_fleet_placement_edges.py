@@ -98,7 +98,7 @@ def test_two_items_with_one_port_never_share_a_host(place: Any) -> None:
     assert where_is(result) == {"d3-mini": "a"}  # same round and TP: d3-mini comes first by name
     assert result["errors"] == [
         "d3_fleet_models[1] (d3-nano): 1 replica wanted, 0 placed: hosts with 1 free GPU and no d3-nano replica yet "
-        "(spread): none left (a: port 9100 taken by replica 1 of d3_fleet_models[0]). Fix: add GPUs or hosts or lower replicas"
+        "(spread): none left (a: port 9100 taken by replica 1 of d3_fleet_models[0]). Fix: add GPUs or hosts, or lower replicas"
     ]
     result = place(models, {"a": {"gpus": 4}, "b": {"gpus": 4}})
     assert result["errors"] == [] and set(where_is(result).values()) == {"a", "b"}
@@ -121,7 +121,7 @@ def test_an_unspread_shortfall_names_the_replica_that_found_no_host_and_later_re
     assert where_is(result) == {"mini-2": "a"}
     assert result["errors"] == [
         "d3_fleet_models[0] (mini, model d3-mini): 2 replicas wanted, 1 placed: hosts with 1 free GPU: none left "
-        "(a: its own d3_models[0] is named mini-1). Fix: add GPUs or hosts or lower replicas"
+        "(a: its own d3_models[0] is named mini-1). Fix: add GPUs or hosts, or lower replicas"
     ]
 
 
@@ -186,7 +186,7 @@ def test_a_27b_on_one_gpu_hosts_is_a_shortfall_not_a_fit_error(place: Any) -> No
     result = place([{"model": "d3", "replicas": 1}], {"a": {"gpus": 1}})
     assert result["errors"] == [
         "d3_fleet_models[0] (d3-27b, model d3): 1 replica wanted, 0 placed: hosts with 2 free GPUs and no d3-27b replica "
-        "yet (spread): none left (a: 1 of 1 GPU(s) free). Fix: add GPUs or hosts or lower replicas"
+        "yet (spread): none left (a: 1 of 1 GPU(s) free). Fix: add GPUs or hosts, or lower replicas"
     ]
 
 

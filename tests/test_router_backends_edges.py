@@ -132,7 +132,7 @@ def test_a_loopback_backend_address_is_refused_for_every_instance_naming_the_var
                              "address the router reaches it at." for i in "ab"]  # fmt: skip
     errors = router_backends({"l4-a": node(inst("a", 8001), ansible_host="::")})["errors"]
     assert errors == ["host l4-a instance 'a': the router would connect to :: (ansible_host), which is not that host as seen from "
-                      "the router . Set d3_router_backend_address on l4-a to an address the router reaches it at."]  # fmt: skip
+                      "the router. Set d3_router_backend_address on l4-a to an address the router reaches it at."]  # fmt: skip
 
 
 def test_without_a_router_host_a_loopback_instance_is_refused_for_another_host() -> None:

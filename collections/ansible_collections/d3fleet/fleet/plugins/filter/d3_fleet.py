@@ -365,7 +365,8 @@ class _Fleet:
             fixes.append("set spread: false")
         self.errors.append(
             f"{it['label']}: {wanted} replica{'s' if wanted > 1 else ''} wanted, {placed} placed: {want}: none left "
-            f"({detail}). Fix: {', '.join(fixes[:-1])} or {fixes[-1]}"
+            # "add GPUs or hosts, or lower replicas": a comma keeps the two fixes apart when the first has an "or" itself
+            f"({detail}). Fix: {', '.join(fixes[:-1])}{',' if len(fixes) == 2 else ''} or {fixes[-1]}"
         )
 
     # -- result ------------------------------------------------------------------------------------------

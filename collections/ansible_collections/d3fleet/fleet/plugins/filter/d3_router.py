@@ -162,8 +162,9 @@ def router_backends(
                 continue
             resolved = _ip(address)
             if resolved is not None and (resolved.is_loopback or resolved.is_unspecified) and host != router_host:
+                seen_from = f"the router {router_host}" if router_host else "the router"
                 errors.append(f"{where}: the router would connect to {address} ({source}), which is not that host as "
-                              f"seen from the router {router_host or ''}. Set d3_router_backend_address on {host} to an "
+                              f"seen from {seen_from}. Set d3_router_backend_address on {host} to an "
                               "address the router reaches it at.")  # fmt: skip
                 continue
             if not _port_ok(port + offset):

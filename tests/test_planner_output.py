@@ -167,6 +167,12 @@ def test_systemd_quote(word: Any, quoted: str) -> None:
     assert systemd_quote(word) == quoted
 
 
+@pytest.mark.parametrize("word", ["plain\n", "a\nExecStartPre=/bin/sh", "cr\r", "nul\x00"])
+def test_systemd_quote_refuses_what_cannot_stay_on_one_unit_line(word: str) -> None:
+    with pytest.raises(ValueError, match="line break or NUL"):
+        systemd_quote(word)
+
+
 def test_split_args() -> None:
     assert split_args(["-tp", "2", "--zz=b=c", "--flag", "--x", "--enforce-eager", "--last"]) == [
         ("--tensor-parallel-size", "2"), ("--zz", "b=c"), ("--flag", None), ("--x", None), ("--enforce-eager", None),

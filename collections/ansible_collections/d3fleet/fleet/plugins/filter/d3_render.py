@@ -16,14 +16,19 @@ import re
 import shlex
 from typing import Any
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_LINE_BREAKING = re.compile(r"[\n\r\x00]")
 
 
 def systemd_quote(word: Any) -> str:
     """Quote one word for ExecStart=/Exec=/Environment= lines: systemd splits on whitespace, honours double
-    quotes and backslashes, and expands %-specifiers and $VARIABLES, so those are escaped."""
+    quotes and backslashes, and expands %-specifiers and $VARIABLES, so those are escaped. A line break or NUL
+    cannot be quoted into one unit line: such inputs are refused before anything renders (d3_inputs), so this is the
+    last guard, not the message a user meets."""
+    if _LINE_BREAKING.search(str(word)):
+        raise ValueError(f"d3_systemd_quote: {str(word)!r} contains a line break or NUL and cannot go into a unit file")
     text = str(word).replace("%", "%%").replace("$", "$$")
-    if _PLAIN.match(text):
+    if _PLAIN.fullmatch(text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

@@ -244,11 +244,14 @@ def test_table_is_laid_out_like_the_field_report_with_published_rows() -> None:
 
 def test_table_of_a_measured_report_says_nothing_of_simulation() -> None:
     report = b.bench_report([host_record("0.33.1")], SUITE, {}, {}, ["+d3sim"], None)
-    assert "SIMULATED" not in "\n".join(b.bench_table(report, {}))
+    lines = b.bench_table(report, {})
+    assert "SIMULATED" not in "\n".join(lines)
+    assert any(ln.startswith("h1/big (d3)") for ln in lines), lines  # the measured instance is in the table
 
 
 def test_accuracy_is_exactly_reproducible_from_the_answers() -> None:
     report = b.bench_report([host_record()], SUITE, {}, {}, [], None)
+    assert report["instances"] and any(inst["answers"] for inst in report["instances"])
     for inst in report["instances"]:
         again = b.score_cases(inst["answers"], SUITE)
         assert again["correct"] == inst["score"]["correct"] and math.isclose(again["accuracy"] or 0, inst["score"]["accuracy"] or 0)

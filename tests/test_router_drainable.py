@@ -6,6 +6,7 @@ fix."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -82,6 +83,7 @@ def test_a_drain_or_ready_timeout_that_is_not_whole_seconds_stops_the_rollout(tm
     proc = run(tmp_path, True, KNOWN, extra={name: value})
     assert proc.returncode != 0
     assert "bad router input: d3_router_drain_timeout_s = " in proc.stdout and "(want whole seconds, 1-86400)" in proc.stdout
+    assert f"{name} = {json.dumps(value)}" in proc.stdout  # the message shows the value that was refused
     assert "TASK [d3_router : Read each router's servers" not in proc.stdout
 
 

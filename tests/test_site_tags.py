@@ -75,3 +75,5 @@ def test_a_partial_run_validates_every_role_s_arguments(tmp_path: Path, tags: st
                           env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "Validating arguments against arg spec" in proc.stdout
+    for role in roles:  # each role's own validation task ran, not only one of them
+        assert f"TASK [{role} : Validating arguments against arg spec" in proc.stdout, role

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,9 @@ import testinfra
 import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "collections"))  # the filters' module_utils imports, and the container label keys
+from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_labels  # noqa: E402
+
 # the hosts molecule.yml's verifier runs on (the digest must be the same on all of them)
 HOSTS = ("podman://d3-mol-trixie", "podman://d3-mol-bookworm")
 LAB_REGISTRY = "127.0.0.1:5000"  # the lab registry, as this machine reaches it (hosts: lab-registry:5000)
@@ -123,8 +127,8 @@ def test_weights_are_offline_and_read_only(host: Any) -> None:
         assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in env
         mounts = {m["Destination"]: m for m in inspect(host, name)["Mounts"]}
         assert mounts["/root/.cache/huggingface"]["RW"] is False
-        model = inspect(host, name)["Config"]["Labels"]["io.d3-fleet.model"]
-        revision = inspect(host, name)["Config"]["Labels"]["io.d3-fleet.revision"]
+        model = inspect(host, name)["Config"]["Labels"][d3_labels.MODEL]
+        revision = inspect(host, name)["Config"]["Labels"][d3_labels.REVISION]
         snapshot = host.file(f"/var/lib/d3/huggingface/hub/models--vllm-sr--{model}/snapshots/{revision}")
         assert snapshot.is_directory
         assert host.file(f"{snapshot.path}/config.json").exists

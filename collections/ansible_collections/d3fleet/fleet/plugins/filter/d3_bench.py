@@ -23,6 +23,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats import percentile
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_table import table as _grid
 
 SUITE_FORMAT = "d3-bench-suite/1"
 REPORT_FORMAT = "d3-bench/1"
@@ -311,12 +312,6 @@ def bench_report(
 # ------------------------------------------------------------------------------------------------- the table
 def _ms(x: Any) -> str:
     return "-" if x is None else f"{x:.0f}"
-
-
-def _grid(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    table = [header, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
 
 
 def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None) -> list[str]:

@@ -59,6 +59,7 @@ try:  # under Ansible: the collection's own modules
 except ImportError:  # the unit tests import the filters as top-level modules
     from d3_inputs import control_free, env_problems, shown  # type: ignore[no-redef]
     from d3_planner import NAME_RE, d3_plan, host_gpus, split_args  # type: ignore[no-redef]
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_table import table
 
 FLEET_KEYS = {"model", "replicas", "name", "hosts", "label", "spread", "port", "variant", "extra_args", "env"}
 # keys of a fleet item that each placed replica carries as a d3_models item
@@ -414,12 +415,9 @@ class _Fleet:
             ),
             key=lambda p: (p["name"], p["replica"]),
         )
-        rows = [("MODEL", "INSTANCE", "REPLICA", "HOST", "GPUS")] + [
-            (p["model"], p["name"], str(p["replica"]), p["host"], str(p["gpus"])) for p in placements
-        ]
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        return {"hosts": hosts, "placements": placements, "table": table, "errors": list(self.errors)}
+        rows = [(p["model"], p["name"], str(p["replica"]), p["host"], str(p["gpus"])) for p in placements]
+        lines = table(("MODEL", "INSTANCE", "REPLICA", "HOST", "GPUS"), rows)
+        return {"hosts": hosts, "placements": placements, "table": lines, "errors": list(self.errors)}
 
 
 def d3_fleet_place(

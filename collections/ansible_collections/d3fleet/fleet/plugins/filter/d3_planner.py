@@ -23,6 +23,7 @@ try:  # under Ansible: the collection's own module
     )
 except ImportError:  # the unit tests import the filters as top-level modules
     from d3_inputs import canonical_flag, check, control_free, env_problems, shown  # type: ignore[no-redef]
+from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_labels as label
 
 GIB = 1024**3
 MIB = 1024**2
@@ -660,9 +661,9 @@ class _Planner:
             f"{inst['revision'] or 'UNPINNED'}",
             "volumes": [f"{hf_home}:{container_hf_home}:ro"],
             "labels": {
-                "io.d3-fleet.instance": inst["name"],
-                "io.d3-fleet.model": inst["model"],
-                "io.d3-fleet.revision": inst["revision"] or "unpinned",
+                label.INSTANCE: inst["name"],
+                label.MODEL: inst["model"],
+                label.REVISION: inst["revision"] or "unpinned",
             },
             # the API key reaches vLLM only as this variable, from the podman secret named by d3_units_api_key_secret
             "secret_env": "VLLM_API_KEY",

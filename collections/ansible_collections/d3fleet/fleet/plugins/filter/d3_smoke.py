@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_table import table
+
 TOLERANCE = 1e-3
 
 
@@ -136,10 +138,10 @@ def probe_rows(
 def smoke_table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per instance: host, instance, model, digest, health, latencies next to the field report's."""
     header = ("host", "instance", "model", "digest", "health", "2q ms", "4q ms", "field report 2q/4q ms")
-    table = [header]
+    lines = []
     for r in rows:
         base = r.get("baseline") or {}
-        table.append(
+        lines.append(
             (
                 str(r["host"]),
                 str(r["instance"]),
@@ -151,8 +153,7 @@ def smoke_table(rows: list[dict[str, Any]]) -> list[str]:
                 f"{base.get('q2', '-')}/{base.get('q4', '-')}",
             )
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    return table(header, lines)
 
 
 class FilterModule:

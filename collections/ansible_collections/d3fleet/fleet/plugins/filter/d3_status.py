@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_labels as label
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_table import table
+
 
 def _digest(image_name: str) -> str:
     return image_name.split("@", 1)[1] if "@" in image_name else ""
@@ -49,7 +52,7 @@ def status_rows(
     deployed: dict[str, dict[str, Any]] = ctx.get("deployed") or {}
     units: dict[str, dict[str, Any]] = ctx.get("units") or {}
     present = ctx.get("gpus")
-    running = {c["Labels"]["io.d3-fleet.instance"]: c for c in containers if c.get("Labels", {}).get("io.d3-fleet.instance")}
+    running = {c["Labels"][label.INSTANCE]: c for c in containers if c.get("Labels", {}).get(label.INSTANCE)}
     probe_by = {p["name"]: p for p in probe}
     planned = {i["name"]: i for i in plan.get("instances") or []}
     rows = []
@@ -69,7 +72,7 @@ def status_rows(
         drift: list[str] = []
         unknown: list[str] = []
         digest = _digest((ctr or {}).get("Image", ""))
-        revision = (ctr or {}).get("Labels", {}).get("io.d3-fleet.revision", "")
+        revision = (ctr or {}).get("Labels", {}).get(label.REVISION, "")
         if ctr is None:
             drift.append("not running")
         else:
@@ -112,7 +115,7 @@ def status_rows(
                 "instance": name,
                 "model": rec.get("model", "?"),
                 "digest": _digest((ctr or {}).get("Image", "")),
-                "revision": (ctr or {}).get("Labels", {}).get("io.d3-fleet.revision", ""),
+                "revision": (ctr or {}).get("Labels", {}).get(label.REVISION, ""),
                 "health": _health(None, unit),
                 "smoke_ms": None,
                 "restarts": _restarts(unit),
@@ -128,9 +131,9 @@ def status_rows(
                 {
                     "host": host,
                     "instance": name,
-                    "model": ctr["Labels"].get("io.d3-fleet.model", "?"),
+                    "model": ctr["Labels"].get(label.MODEL, "?"),
                     "digest": _digest(ctr.get("Image", "")),
-                    "revision": ctr["Labels"].get("io.d3-fleet.revision", ""),
+                    "revision": ctr["Labels"].get(label.REVISION, ""),
                     "health": "-",
                     "smoke_ms": None,
                     "restarts": _restarts(unit),
@@ -144,10 +147,10 @@ def status_rows(
 
 def status_table(rows: list[dict[str, Any]]) -> list[str]:
     header = ("host", "instance", "model", "digest", "revision", "health", "2q ms", "restarts", "drift")
-    table = [header]
+    lines = []
     for r in rows:
         reasons = list(r["drift"]) + [f"unknown: {u}" for u in r.get("unknown") or []]
-        table.append(
+        lines.append(
             (
                 r["host"],
                 r["instance"],
@@ -160,8 +163,7 @@ def status_table(rows: list[dict[str, Any]]) -> list[str]:
                 "; ".join(reasons) or "none",
             )
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    return table(header, lines)
 
 
 class FilterModule:

@@ -52,7 +52,7 @@ options:
     elements: str
     default: [.container, .service]
   find_contains:
-    description: A literal string a listed file must contain (the D3 instance label).
+    description: A literal string a listed file must contain (the D3 instance label, plugins/module_utils/d3_labels.py).
     type: str
     default: io.d3-fleet.instance=
 author: d3-fleet
@@ -105,6 +105,7 @@ import pwd
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_labels import INSTANCE
 
 
 def describe(path: str) -> dict:
@@ -187,7 +188,7 @@ def main() -> None:
             "secret": {"type": "str"},
             "find_paths": {"type": "list", "elements": "path", "default": []},
             "find_suffixes": {"type": "list", "elements": "str", "default": [".container", ".service"]},
-            "find_contains": {"type": "str", "default": "io.d3-fleet.instance="},
+            "find_contains": {"type": "str", "default": f"{INSTANCE}="},
         },
         supports_check_mode=True,
     )

@@ -1,6 +1,6 @@
 """Roles talk through documented outputs only: no role and no playbook reads a private variable (leading
 underscore) that another role defines (register, set_fact, vars, loop_var). Public outputs are documented in the
-owning role's meta/argument_specs.yml or the README/docs contract tables (docs/design.md)."""
+owning role's meta/argument_specs.yml or the docs contract tables (docs/converge.md "Role outputs", docs/design.md)."""
 
 from __future__ import annotations
 

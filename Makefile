@@ -100,7 +100,7 @@ mutation: $(VENV)/.mutation-installed
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-# The execution environment for AWX / AAP / ansible-navigator (execution-environment.yml; README "Running from AWX").
+# The execution environment for AWX / AAP / ansible-navigator (execution-environment.yml; docs/awx.md).
 # Stages the collections the roles use (containers.podman from the pinned ansible package, d3fleet.fleet from this
 # tree) into ee/collections/, then ansible-builder create + podman build. EE_BASE_IMAGE: here the lab's Debian
 # trixie image (a STAND-IN for docker.io/library/debian:trixie-slim, which is not reachable here). PIP_CERT (set on

@@ -36,6 +36,7 @@ def validate(tmp_path: Path, extra: dict[str, object]) -> subprocess.CompletedPr
         {"d3_units_wait_ready": "relative/path"},
         {"d3_units_start_timeout_s": "900\nExecStartPre=/bin/true"},
         {"d3_units_start_timeout_s": "900\n"},
+        {"d3_units_restart_sec": "10\nExecStartPre=/bin/true"},
         {"d3_units_api_key_secret": "d3-api-key\n[Service]"},
         {"d3_units_api_key_secret": "a b"},
         {"d3_units_api_key_fingerprint_file": "/var/lib/d3/x\n"},

@@ -213,6 +213,15 @@ def unit_state(host: str) -> dict[str, Any]:
     return state
 
 
+def restart_sec(host: str, unit: str) -> float:
+    """The unit's RestartSec as systemd loaded it (RestartUSec, e.g. "2s", "10s", "500ms")."""
+    value = on_host(host, f"systemctl show -p RestartUSec --value {unit}.service").strip()
+    match = re.fullmatch(r"(?:(\d+)min ?)?(?:(\d+)s ?)?(?:(\d+)ms)?", value)
+    assert match and value, f"{host}: {unit}.service RestartUSec={value!r}"
+    minutes, seconds, millis = (int(g or 0) for g in match.groups())
+    return minutes * 60 + seconds + millis / 1000
+
+
 def running(host: str) -> dict[str, tuple[str, str]]:
     """instance -> (image, start time) of the running D3 containers on a lab host."""
     return {

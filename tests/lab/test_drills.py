@@ -160,7 +160,8 @@ def test_drill_1_container_crash(host: str) -> None:
     (row,) = [r for r in rows if r["instance"] == name]
     assert row["restarts"] == restarts_before + 1 and row["health"] == "ready" and row["drift"] == [], row
     assert_intact(host, before)  # a new container of the same image
-    text = f"kill to next answered decision {back:.1f} s (systemd RestartSec=10); status shows restarts={row['restarts']}"
+    pause = labkit.restart_sec(host, name)
+    text = f"kill to next answered decision {back:.1f} s (systemd RestartSec={pause:g}); status shows restarts={row['restarts']}"
     figure(1, "container crash", text, started)
 
 

@@ -95,7 +95,7 @@ def test_garbage_raises_clear_value_error(func, text, message) -> None:  # type:
 
 
 def test_filter_plugin_exports() -> None:
-    assert set(FilterModule().filters()) == {"nvidia_smi_query_gpus", "nvidia_smi_list", "nvidia_smi_table"}
+    assert set(FilterModule().filters()) == {"nvidia_smi_query_gpus"}
 
 
 def test_committed_cdi_copy_equals_shared_fixture() -> None:
@@ -161,5 +161,5 @@ def test_table_refuses_non_text_with_the_header_message() -> None:
 
 
 def test_filter_plugin_maps_names_to_the_parsers() -> None:
-    assert FilterModule().filters() == {"nvidia_smi_query_gpus": nvidia_smi_query_gpus, "nvidia_smi_list": nvidia_smi_list,
-                                        "nvidia_smi_table": nvidia_smi_table}
+    # nvidia_smi_list and nvidia_smi_table are parsers, not filters: no role reads `nvidia-smi -L` or the table
+    assert FilterModule().filters() == {"nvidia_smi_query_gpus": nvidia_smi_query_gpus}

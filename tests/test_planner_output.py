@@ -213,7 +213,7 @@ def test_options_and_helpers() -> None:
 
 def test_filter_plugin_exports() -> None:
     assert FilterModule().filters() == {"d3_plan": d3_plan, "d3_host_gpus": host_gpus, "d3_state_instances": state_instances}
+    # podman_args and systemd_quote are helpers of the others, not filters (no role calls them)
     assert d3_render.FilterModule().filters() == {
-        "d3_podman_args": d3_render.podman_args, "d3_podman_run": podman_run,
-        "d3_quadlet_container": d3_render.quadlet_container, "d3_exec_lines": d3_render.exec_lines,
-        "d3_plan_report": d3_plan_report, "d3_systemd_quote": systemd_quote}
+        "d3_podman_run": podman_run, "d3_quadlet_container": d3_render.quadlet_container,
+        "d3_exec_lines": d3_render.exec_lines, "d3_plan_report": d3_plan_report}

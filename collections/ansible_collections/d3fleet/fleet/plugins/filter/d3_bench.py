@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats import percentile
 from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_table import table as _grid
 
 SUITE_FORMAT = "d3-bench-suite/1"
@@ -371,20 +370,14 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
     return lines
 
 
-def bench_percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (linear interpolation) of a list of numbers, the definition bench_load uses."""
-    return percentile([float(v) for v in values], float(q))
-
-
 class FilterModule:
-    """Ansible filters: d3_bench_requests, d3_bench_targets, d3_bench_score, d3_bench_report, d3_bench_table, d3_bench_percentile."""
+    """Ansible filters: d3_bench_requests, d3_bench_targets, d3_bench_report, d3_bench_table (score_cases is
+    d3_bench_report's scoring, not a filter of its own)."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "d3_bench_requests": bench_requests,
             "d3_bench_targets": bench_targets,
-            "d3_bench_score": score_cases,
             "d3_bench_report": bench_report,
             "d3_bench_table": bench_table,
-            "d3_bench_percentile": bench_percentile,
         }

@@ -26,7 +26,7 @@ def systemd_quote(word: Any) -> str:
     cannot be quoted into one unit line: such inputs are refused before anything renders (d3_inputs), so this is the
     last guard, not the message a user meets."""
     if _LINE_BREAKING.search(str(word)):
-        raise ValueError(f"d3_systemd_quote: {str(word)!r} contains a line break or NUL and cannot go into a unit file")
+        raise ValueError(f"systemd quoting: {str(word)!r} contains a line break or NUL and cannot go into a unit file")
     text = str(word).replace("%", "%%").replace("$", "$$")
     if _PLAIN.fullmatch(text):
         return text
@@ -137,15 +137,13 @@ def plan_report(plan: dict[str, Any], image: str | None = None, secret: str = ""
 
 
 class FilterModule:
-    """Ansible filters: d3_podman_args, d3_podman_run, d3_quadlet_container, d3_exec_lines, d3_plan_report,
-    d3_systemd_quote."""
+    """Ansible filters: d3_podman_run (public, for operators: no role calls it), d3_quadlet_container, d3_exec_lines,
+    d3_plan_report. podman_args and systemd_quote are their helpers, not filters."""
 
     def filters(self) -> dict[str, Any]:
         return {
-            "d3_podman_args": podman_args,
             "d3_podman_run": podman_run,
             "d3_quadlet_container": quadlet_container,
             "d3_exec_lines": exec_lines,
             "d3_plan_report": plan_report,
-            "d3_systemd_quote": systemd_quote,
         }

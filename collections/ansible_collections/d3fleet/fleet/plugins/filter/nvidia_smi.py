@@ -1,10 +1,13 @@
 """Parsers for ``nvidia-smi`` output (production code, no lab knowledge).
 
-Filters:
+Filter:
 
 * ``nvidia_smi_query_gpus``: ``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]``.
   Without a header the default field list below is assumed (or pass ``fields``); with a
   header the columns are matched by name, so any field list/order works.
+
+Parsers that are not filters (no role reads these outputs; the lab's tests use them):
+
 * ``nvidia_smi_list``: ``nvidia-smi -L``.
 * ``nvidia_smi_table``: the default ``nvidia-smi`` table (driver/CUDA version, per-GPU memory).
 
@@ -159,11 +162,8 @@ def nvidia_smi_table(text: str) -> dict[str, Any]:
 
 
 class FilterModule:
-    """Ansible filter plugin entry point."""
+    """Ansible filter: nvidia_smi_query_gpus. nvidia_smi_list and nvidia_smi_table (`nvidia-smi -L` and the default
+    table) are not filters: no role reads those outputs; the lab's tests (tests/lab/test_nvidia_lab.py) use them."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "nvidia_smi_query_gpus": nvidia_smi_query_gpus,
-            "nvidia_smi_list": nvidia_smi_list,
-            "nvidia_smi_table": nvidia_smi_table,
-        }
+        return {"nvidia_smi_query_gpus": nvidia_smi_query_gpus}

@@ -1,5 +1,5 @@
-"""Latency statistics shared by the bench load generator (module `bench_load`, on the hosts) and the bench report
-filters (on the controller): one definition of a percentile for both. Standard library only."""
+"""Latency statistics of the bench load generator (module `bench_load`, on the hosts): the report's percentiles are
+the ones it computes there. Standard library only."""
 
 from __future__ import annotations
 

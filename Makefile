@@ -6,13 +6,14 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint unit lab-tests test plan lab lab-images lab-down demo molecule mutation clean
+.PHONY: help venv check lint unit lab-tests test plan lab lab-images lab-down demo molecule mutation clean
 
 help:
 	@echo "make demo      bring up the lab and run site.yml against it (ends with a decision through the router)"
 	@echo "make test      lint + unit + lab (3 hosts) + ee + lab-tests + molecule (the whole suite)"
+	@echo "make check     the quick tier, under a minute: ruff, yamllint, the tests that start neither Ansible nor podman"
 	@echo "make lint      ansible-lint (production), yamllint, ruff"
-	@echo "make unit      pytest without the lab (planner, parsers, plan.yml, role specs)"
+	@echo "make unit      pytest without the lab: the quick tier + the playbook tier (plan.yml, role checks on localhost)"
 	@echo "make plan INVENTORY=inventories/example   print the placement plan"
 	@echo "make lab [LAB_HOSTS=N] / make lab-down   start / remove the simulated L4 lab"
 	@echo "make lab-images / lab-tests / molecule   the lab's images / pytest -m lab / molecule test --all"
@@ -26,18 +27,29 @@ $(VENV)/.installed: requirements.txt
 
 venv: $(VENV)/.installed
 
+# The test tiers (enforced by tests/tiers.py): `-m "not lab and not playbook"` start neither Ansible nor podman;
+# `playbook` tests run ansible-playbook / ansible-doc on localhost; `lab` tests (everything under tests/lab/) drive the lab.
+# Each pytest run writes its JUnit XML to build/ (tools/ci_report.py reads it: the slowest tests of the run).
+BUILD := build
+PYTEST_JUNIT = --junitxml=$(BUILD)/junit-$@.xml -o junit_family=xunit1
+
+check: venv
+	ruff check .
+	yamllint -s .
+	pytest -m "not lab and not playbook" -q -p no:cacheprovider $(PYTEST_JUNIT)
+
 lint: venv
 	yamllint -s .
 	ruff check .
 	ansible-lint
 
-# Tests that need nothing but the venv (planner, parsers, plan.yml, role specs).
+# Tests that need nothing but the venv: the quick tier and the playbook tier.
 unit: venv
-	pytest -m "not lab"
+	pytest -m "not lab" $(PYTEST_JUNIT)
 
 # Tests that drive the lab (simulator, stand-ins, unit files, site.yml, rollouts); `make lab` first.
 lab-tests: venv
-	pytest -m lab --durations=25
+	pytest -m lab --durations=25 $(PYTEST_JUNIT)
 
 INVENTORY ?= inventories/example
 plan: venv
@@ -75,19 +87,26 @@ bench: venv
 TEST_LAB_HOSTS ?= 3
 # The lab comes up (cold: debootstrap, image builds: mostly network and disk) while lint and the unit tests run; the
 # output of each is printed whole when it ends (--output-sync).
+# Each part's wall time goes to build/timing.tsv (`.ci/run` prints it with the slowest tests: tools/ci_report.py).
 test: venv
+	rm -f $(TIMING) $(BUILD)/junit-*.xml
 	$(MAKE) -j2 --output-sync=target test-static test-lab-up
-	$(MAKE) ee   # the execution environment image that tests/lab/test_ee.py runs site.yml in
-	$(MAKE) lab-tests
-	$(MAKE) molecule-run   # the lab is up: make lab-tests used it
+	$(call timed,ee,$(MAKE) ee)   # the execution environment image that tests/lab/test_ee.py runs site.yml in
+	$(call timed,lab-tests,$(MAKE) lab-tests)
+	$(call timed,molecule,$(MAKE) molecule-run)   # the lab is up: make lab-tests used it
 
 .PHONY: test-static test-lab-up
 test-static: venv
-	$(MAKE) -j1 lint
-	$(MAKE) -j1 unit
+	$(call timed,lint,$(MAKE) -j1 lint)
+	$(call timed,unit,$(MAKE) -j1 unit)
 
 test-lab-up: venv
-	$(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS)
+	$(call timed,lab,$(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS))
+
+# $(call timed,NAME,COMMAND): run COMMAND; append "NAME<TAB>seconds<TAB>exit status" to $(TIMING); keep its status.
+TIMING := $(BUILD)/timing.tsv
+timed = mkdir -p $(BUILD); start=$$(date +%s); $(2); rc=$$?; \
+	printf '%s\t%s\t%s\n' '$(1)' "$$(( $$(date +%s) - start ))" "$$rc" >> $(TIMING); exit $$rc
 
 # Mutation testing (not part of make test): stages the sources in .venv/mutation/, see tools/mutation.py.
 $(VENV)/.mutation-installed: $(VENV)/.installed requirements-mutation.txt
@@ -98,7 +117,7 @@ mutation: $(VENV)/.mutation-installed
 	$(BIN)/python tools/mutation.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BUILD) .pytest_cache .ruff_cache
 
 # The execution environment for AWX / AAP / ansible-navigator (execution-environment.yml; docs/awx.md).
 # Stages the collections the roles use (containers.podman from the pinned ansible package, d3fleet.fleet from this

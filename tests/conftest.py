@@ -13,6 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/filter"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import tiers  # noqa: E402  (tests/ on sys.path first)
+
+tiers.install()
+
 
 @pytest.fixture(scope="session")
 def root() -> Path:
@@ -22,3 +26,14 @@ def root() -> Path:
 @pytest.fixture(scope="session")
 def catalog_vars() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "roles/d3/vars/main.yml").read_text())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tiers.mark_lab_items(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """The running test's markers, for the guard, over its setup, call and teardown."""
+    with tiers.running(item):
+        yield

@@ -137,6 +137,7 @@ def test_filter_files_import_and_names_are_unique() -> None:
     assert not FILTERS_TWICE, f"filter names exported by more than one file: {FILTERS_TWICE}"
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize("name", sorted(FILTERS))
 def test_filter_has_docs(docs: dict[str, Any], name: str) -> None:
     doc = _check_doc("filter", name, docs["filter"].get(f"{FQCN}.{name}"))
@@ -144,6 +145,7 @@ def test_filter_has_docs(docs: dict[str, Any], name: str) -> None:
     assert doc.get("description"), f"{FQCN}.{name}: no description"
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize("name", sorted(FILTERS))
 def test_filter_options_are_its_parameters(docs: dict[str, Any], name: str) -> None:
     """The sidecar's options are the function's parameters: the piped value as ``_input``, then the others."""
@@ -163,11 +165,13 @@ def test_filter_options_are_its_parameters(docs: dict[str, Any], name: str) -> N
     )
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize("name", MODULES)
 def test_module_has_docs(docs: dict[str, Any], name: str) -> None:
     _check_doc("module", name, docs["module"].get(f"{FQCN}.{name}"))
 
 
+@pytest.mark.playbook
 def test_ansible_doc_lists_every_filter_documented(docs: dict[str, Any]) -> None:
     listed = docs["filter_list"]
     assert "error" not in listed, listed.get("error")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
+
 ROOT = Path(__file__).resolve().parents[1]
 PLAY = """- hosts: localhost
   gather_facts: false

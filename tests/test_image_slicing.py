@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = yaml.safe_load((ROOT / "tests/contracts/awx/job-slicing.yml").read_text())
 VALIDATE = ROOT / "roles/d3_image/tasks/validate.yml"

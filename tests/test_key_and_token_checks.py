@@ -70,18 +70,21 @@ def key_check(tmp_path: Path, url: str, fingerprint: str) -> subprocess.Complete
     return play(tmp_path, "key.yml", "nvidia_toolkit", {"nvidia_toolkit_key_url": url, "nvidia_toolkit_key_fingerprint": fingerprint})
 
 
+@pytest.mark.playbook
 def test_the_pinned_key_passes(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
     proc = key_check(tmp_path, f"{served}/a.asc", keys["a"][1])
     assert proc.returncode == 0, proc.stdout
     assert "changed=0" in proc.stdout
 
 
+@pytest.mark.playbook
 def test_a_fingerprint_with_spaces_and_lower_case_passes(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
     fpr = keys["a"][1].lower()
     spaced = " ".join(fpr[i : i + 4] for i in range(0, 40, 4))
     assert key_check(tmp_path, f"{served}/a.asc", spaced).returncode == 0
 
 
+@pytest.mark.playbook
 def test_another_key_is_refused_naming_both_fingerprints(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
     proc = key_check(tmp_path, f"{served}/b.asc", keys["a"][1])
     assert proc.returncode != 0
@@ -90,18 +93,21 @@ def test_another_key_is_refused_naming_both_fingerprints(tmp_path: Path, served:
     assert "localhost:" in out and "nvidia_toolkit_key_fingerprint" in out and "nvidia_toolkit_key_url" in out
 
 
+@pytest.mark.playbook
 def test_two_keys_in_one_file_are_refused(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
     proc = key_check(tmp_path, f"{served}/both.asc", keys["a"][1])
     assert proc.returncode != 0
     assert "it holds 2 keys" in " ".join(proc.stdout.split())
 
 
+@pytest.mark.playbook
 def test_a_file_that_is_not_an_armored_key_is_refused(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
     proc = key_check(tmp_path, f"{served}/portal.html", keys["a"][1])
     assert proc.returncode != 0
     assert "did not return an ASCII-armored PGP public key" in " ".join(proc.stdout.split())
 
 
+@pytest.mark.playbook
 def test_an_unreachable_url_without_an_installed_key_is_refused(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
     proc = key_check(tmp_path, f"{served}/missing.asc", keys["a"][1])
     assert proc.returncode != 0
@@ -113,6 +119,7 @@ PREFLIGHT_BASE = {
 }
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize(
     ("url", "fingerprint"),
     [
@@ -132,6 +139,7 @@ def test_preflight_refuses_a_key_url_that_is_not_https_or_a_bad_fingerprint(tmp_
     assert "localhost: bad nvidia_toolkit input" in out and "nvidia_toolkit_key_url=" in out and "Fix the inventory" in out
 
 
+@pytest.mark.playbook
 def test_preflight_passes_the_defaults(tmp_path: Path) -> None:
     proc = play(tmp_path, "preflight.yml", "nvidia_toolkit", PREFLIGHT_BASE)
     assert proc.returncode == 0, proc.stdout
@@ -149,6 +157,7 @@ def weights_preflight(tmp_path: Path, endpoint: str, token_file: str) -> subproc
                 {"d3_weights_models": [], "d3_weights_hf_endpoint": endpoint, "d3_weights_token_file": token_file})  # fmt: skip
 
 
+@pytest.mark.playbook
 def test_a_token_to_an_http_endpoint_is_refused(tmp_path: Path) -> None:
     proc = weights_preflight(tmp_path, "http://hf-mirror.example:8090", str(tmp_path / "token"))
     assert proc.returncode != 0
@@ -156,6 +165,7 @@ def test_a_token_to_an_http_endpoint_is_refused(tmp_path: Path) -> None:
     assert "localhost: d3_weights_token_file is set and d3_weights_hf_endpoint" in out and "clear text" in out
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize(("endpoint", "token"), [("http://hf-mirror.example:8090", ""), ("https://hf-mirror.example", "T"), ("", "T")])
 def test_http_without_a_token_and_https_with_one_pass_that_check(tmp_path: Path, endpoint: str, token: str) -> None:
     token_file = ""

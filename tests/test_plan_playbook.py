@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -64,6 +64,7 @@ def test_the_catalog_has_the_issue_s_35_inputs_and_more() -> None:
     assert len(PLAN_YML_JUDGES) >= 30
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize("row", PLAN_YML_JUDGES, ids=[r.id for r in PLAN_YML_JUDGES])
 def test_plan_yml_refuses_the_row_as_the_catalog_says(judged: dict[str, list[str]], row: Refusal) -> None:
     messages = judged.get(row.alias)

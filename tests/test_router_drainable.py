@@ -1,8 +1,8 @@
-"""roles/d3_router tasks/drainable.yml (rollout.yml's check before any restart) run by Ansible on localhost, the
-router's `socat` replaced by a script that answers as HAProxy's runtime API does (the `show stat` captured from
-HAProxy 3.0.11, tests/contracts/haproxy/show-stat.csv) or as socat does without a socket: a router that knows every
-server passes; one that lacks a server, or has no HAProxy, stops the rollout naming the router, the servers and the
-fix."""
+"""roles/d3_router tasks/drainable.yml (rollout.yml's check before any restart) run by Ansible on localhost, its
+haproxy_runtime module talking to a fake HAProxy stats socket (tests/fake_haproxy.py: the `show stat` captured from
+HAProxy 3.0.11, tests/contracts/haproxy/show-stat.csv), or to a path where nothing listens, or to a socket that
+answers what is not `show stat`: a router that knows every server passes; one that lacks a server, or has no HAProxy,
+stops the rollout naming the router, the servers and the fix."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fake_haproxy import FakeHAProxy
+
+pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-STAT = "\n".join(line for line in (ROOT / "tests/contracts/haproxy/show-stat.csv").read_text().splitlines() if not line.startswith("#!"))
 KNOWN = [{"backend": "be_d3-lite", "server": "d3-lab-host2-d3-lite"}, {"backend": "be_d3-lite", "server": "d3-lab-host3-d3-lite"}]
 
 
@@ -25,27 +27,24 @@ def run(
     tmp: Path, socket_exists: bool, servers: list[dict[str, str]], rc: int = 0, extra: dict[str, object] | None = None,
     socket: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    fake = tmp / "bin"
-    fake.mkdir(exist_ok=True)
-    (tmp / "stat.csv").write_text(STAT + "\n")
-    # socat stdio SOCKET, request on stdin: HAProxy's answer, or socat's own error when nothing listens there
-    (fake / "socat").write_text(
-        "#!/bin/sh\ncat >/dev/null\n"
-        + (f"cat {tmp / 'stat.csv'}\nexit {rc}\n" if socket_exists else
-           'echo "socat[1] E connect(5, AF=1 \\"$2\\", 25): No such file or directory" >&2; exit 1\n'))  # fmt: skip
-    (fake / "socat").chmod(0o755)
-    router = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    router["d3_router_stats_socket"] = socket or str(tmp / "admin.sock")
-    inventory = {"all": {"children": {"d3-routers": {"hosts": {"router": router}}, "l4-nodes": {"hosts": {"l4-a": router}}}}}
-    (tmp / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    (tmp / "check.yml").write_text(yaml.safe_dump([{
-        "hosts": "l4-nodes", "gather_facts": False,
-        "tasks": [{"ansible.builtin.include_role": {"name": "d3_router", "tasks_from": "drainable.yml"},
-                   "vars": {"d3_router_drainable_servers": servers, **(extra or {})}}],
-    }]))  # fmt: skip
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{fake}:{BIN}:{os.environ['PATH']}")
-    return subprocess.run([str(BIN / "ansible-playbook"), str(tmp / "check.yml"), "-i", str(tmp / "hosts.yml")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    """rc != 0: the socket answers what is not `show stat` (HAProxy reloaded mid-read, or another program)."""
+    with FakeHAProxy.started() as fake:
+        if rc:
+            fake.answer_stat = "Unknown command.\n\n"
+        router = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        router["d3_router_stats_socket"] = socket or (fake.path if socket_exists else str(tmp / "admin.sock"))
+        inventory = {"all": {"children": {"d3-routers": {"hosts": {"router": router}}, "l4-nodes": {"hosts": {"l4-a": router}}}}}
+        (tmp / "hosts.yml").write_text(yaml.safe_dump(inventory))
+        (tmp / "check.yml").write_text(yaml.safe_dump([{
+            "hosts": "l4-nodes", "gather_facts": False,
+            "tasks": [{"ansible.builtin.include_role": {"name": "d3_router", "tasks_from": "drainable.yml"},
+                       "vars": {"d3_router_drainable_servers": servers, **(extra or {})}}],
+        }]))  # fmt: skip
+        env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        proc = subprocess.run([str(BIN / "ansible-playbook"), str(tmp / "check.yml"), "-i", str(tmp / "hosts.yml")], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+        proc.commands = list(fake.commands)  # type: ignore[attr-defined]
+        return proc
 
 
 def test_a_router_that_knows_every_server_passes(tmp_path: Path) -> None:
@@ -66,15 +65,16 @@ def test_a_server_the_router_does_not_know_stops_the_rollout(tmp_path: Path) -> 
 def test_a_router_without_haproxy_stops_the_rollout(tmp_path: Path, servers: list[dict[str, str]]) -> None:
     proc = run(tmp_path, False, servers)
     assert proc.returncode != 0
-    assert f"router: no HAProxy runtime API at {tmp_path / 'admin.sock'} (socat[1] E connect" in proc.stdout
+    assert f"router: no HAProxy runtime API at {tmp_path / 'admin.sock'} ([Errno 2] No such file or directory)." in proc.stdout
     assert "Configure the routers first" in proc.stdout
 
 
 def test_a_router_whose_answer_breaks_off_stops_the_rollout(tmp_path: Path) -> None:
-    """socat fails after part of an answer (HAProxy reloaded mid-read): not taken as the router's servers."""
+    """The socket answers what is not `show stat` (HAProxy reloaded mid-read): not taken as the router's servers."""
     proc = run(tmp_path, True, KNOWN, rc=1)
     assert proc.returncode != 0
-    assert "router: no HAProxy runtime API at" in proc.stdout
+    assert "router: no HAProxy runtime API at /tmp/d3hx" in proc.stdout
+    assert "/admin.sock (not show stat: 'Unknown command.')." in proc.stdout
 
 
 @pytest.mark.parametrize(("name", "value"), [("d3_router_drain_timeout_s", "30s"), ("d3_router_ready_timeout_s", 0),
@@ -87,9 +87,12 @@ def test_a_drain_or_ready_timeout_that_is_not_whole_seconds_stops_the_rollout(tm
     assert "TASK [d3_router : Read each router's servers" not in proc.stdout
 
 
-def test_a_router_socket_path_that_is_not_plain_is_refused_before_socat_runs(tmp_path: Path) -> None:
-    """The router's d3_router_stats_socket reaches socat's argv: refused, naming the router and the variable."""
+def test_a_router_socket_path_that_is_not_plain_is_refused_before_anything_connects(tmp_path: Path) -> None:
+    """The router's d3_router_stats_socket reaches the runtime API module: refused, naming the router and the
+    variable, before any connection."""
     proc = run(tmp_path, True, KNOWN, socket="/run/haproxy/admin.sock\nshow stat")
     assert proc.returncode != 0
-    assert "The rollout stops before any restart: " in proc.stdout and "d3_router_stats_socket" in proc.stdout
+    assert "The rollout stops before any restart: host router: d3_router_stats_socket = " in proc.stdout, proc.stdout[-3000:]
+    assert "contains a control character" in proc.stdout
     assert "TASK [d3_router : Read each router's servers" not in proc.stdout
+    assert proc.commands == []  # type: ignore[attr-defined]

@@ -220,6 +220,7 @@ def test_systemd_accepts_classic_and_generated_units(unitcheck_image: str, rende
     assert complaints == [], complaints
 
 
+@pytest.mark.playbook
 def test_plan_line_quadlet_and_classic_unit_carry_the_same_container(plan_run: tuple[Path, dict[str, list[str]]]) -> None:
     """For every catalog model: the `podman run` line plan.yml prints, the Quadlet file and the classic unit carry
     the same arguments, environment, devices, volumes, labels and secret (one renderer, d3_render.py)."""

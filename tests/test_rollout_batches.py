@@ -13,7 +13,7 @@ import pytest
 from ansible.executor.playbook_executor import PlaybookExecutor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections/ansible_collections/d3fleet/fleet/plugins/filter"))
-from d3_rollout import FilterModule, drain_problems, rollout_batches
+from d3_rollout import FilterModule, drain_problems, rollout_batches, rollout_downtimes, systemctl_show
 
 
 def ansible_batches(hosts: list[str], serial: Any) -> list[list[str]]:
@@ -80,4 +80,5 @@ def test_the_refusal_says_how_to_fix_it() -> None:
 
 
 def test_exports() -> None:
-    assert FilterModule().filters() == {"d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems}
+    assert FilterModule().filters() == {"d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems,
+                                        "d3_rollout_downtimes": rollout_downtimes, "d3_systemctl_show": systemctl_show}  # fmt: skip

@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/filter"))
-from d3_router_api import FilterModule, router_command, router_stat, router_status  # noqa: E402
+sys.path.insert(0, str(ROOT / "collections"))  # the filter's module_utils import (d3_haproxy)
+from d3_router_api import FilterModule, router_api_problems, router_command, router_stat, router_status  # noqa: E402
 
 FIELDS = "pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,weight,act,bck"
 
@@ -94,7 +95,8 @@ def test_status_counts_each_models_servers_by_what_the_router_does_with_them() -
 
 def test_exports() -> None:
     assert FilterModule().filters() == {"d3_router_command": router_command, "d3_router_stat": router_stat,
-                                        "d3_router_status": router_status}  # fmt: skip
+                                        "d3_router_status": router_status,
+                                        "d3_router_api_problems": router_api_problems}  # fmt: skip
 
 
 def test_command_names_the_bad_field_and_the_states_it_accepts() -> None:

@@ -46,9 +46,9 @@ QUESTIONS = {
     },
     "urgent": {"type": "noul", "instructions": "Does the customer need a reply within the hour?"},
 }
-# the rollout's router tasks (roles/d3_router tasks_from drain.yml / ready.yml) whose ok events give the timeline
-DRAIN_TASK = "Drain this host's servers in the router"
-READY_TASK = "Wait until the router has taken this host's servers back"
+# the rollout's router task (roles/d3_router tasks_from servers.yml, module haproxy_runtime: set, then wait until
+# drained or UP) whose ok events give the timeline; each loop result returns the state it set
+ROUTER_TASK = "Set this host's servers in every router and wait (drained, or back and UP)"
 
 
 class Load:
@@ -135,9 +135,10 @@ def timeline(events: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
         ended = data.get("end")
         at = round(_epoch(ended) - t0, 1) if ended else None
         row = rows.setdefault(host, {"host": host, "drained_s": None, "back_s": None, "restarts": []})
-        if task == DRAIN_TASK and row["drained_s"] is None:
+        states = {r.get("state") for r in data.get("res", {}).get("results", [])} if task == ROUTER_TASK else set()
+        if "drain" in states and row["drained_s"] is None:
             row["drained_s"] = at
-        elif task == READY_TASK:
+        elif "ready" in states:
             row["back_s"] = at
         elif (task or "").startswith("Print each restarted instance's downtime"):
             for item in data.get("res", {}).get("results", []):

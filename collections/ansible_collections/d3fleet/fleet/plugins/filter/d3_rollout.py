@@ -1,4 +1,5 @@
-"""Rollout batches and replica availability (Ansible filter plugins ``d3_rollout_batches``, ``d3_rollout_drain_problems``).
+"""Rollout batches, replica availability and downtimes (filters ``d3_rollout_batches``, ``d3_rollout_drain_problems``,
+``d3_rollout_downtimes``, ``d3_systemctl_show``).
 
 Pure functions. A rollout restarts hosts in batches (the restart play's ``serial``); behind a router, every replica of a
 model on a host of the current batch is drained at once, so a batch must never hold all of a model's replicas nor more
@@ -73,8 +74,46 @@ def drain_problems(batches: list[list[str]], replicas: dict[str, list[str]], max
     return problems
 
 
+def systemctl_show(text: str) -> dict[str, dict[str, str]]:
+    """``systemctl show --property=Id,... A.service B.service`` (one block per unit, blocks separated by an empty line,
+    lines ``Name=value``) -> {unit name without ``.service``: {property: value}}. A block without ``Id`` is skipped."""
+    out: dict[str, dict[str, str]] = {}
+    for block in (text or "").split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if "Id" in props:
+            unit = props["Id"]
+            out[unit[: -len(".service")] if unit.endswith(".service") else unit] = props
+    return out
+
+
+def rollout_downtimes(times: list[dict[str, Any]], smoke_results: list[dict[str, Any]]) -> list[str]:
+    """One line per instance the rollout started or restarted, from the looped ``systemctl show
+    --property=ActiveExitTimestampMonotonic,InactiveExitTimestampMonotonic`` results (``item``: a d3_units_restarted
+    entry {name, unit, new, reason}; ``stdout``) and the smoke test's ``ready_monotonic`` (seconds, the host's
+    monotonic clock; systemd's monotonic timestamps are microseconds on the same clock). A restarted instance was down
+    from its unit's stop to ready; a new one was not serving before, so its time from start to ready is shown."""
+    ready = {row["instance"]: float(row["ready_monotonic"]) for row in smoke_results}
+    out = []
+    for result in times:
+        item = result["item"]
+        show = dict(line.split("=", 1) for line in str(result.get("stdout") or "").splitlines() if "=" in line)
+        at = ready.get(item["name"])
+        if at is None:
+            out.append(f"{item['unit']}: {'new' if item.get('new') else 'restarted'}; no ready time from the smoke test")
+        elif item.get("new"):
+            started = float(show.get("InactiveExitTimestampMonotonic") or 0) / 1e6
+            out.append(f"{item['unit']}: new, ready {round(at - started, 1)} s after its start (no downtime: it was not "
+                       "serving)")  # fmt: skip
+        else:
+            stopped = float(show.get("ActiveExitTimestampMonotonic") or 0) / 1e6
+            out.append(f"{item['unit']}: down {round(at - stopped, 1)} s (unit stop to ready; {item.get('reason')}; "
+                       "smoke passed)")  # fmt: skip
+    return out
+
+
 class FilterModule:
-    """Ansible filters: d3_rollout_batches, d3_rollout_drain_problems."""
+    """Ansible filters: d3_rollout_batches, d3_rollout_drain_problems, d3_rollout_downtimes, d3_systemctl_show."""
 
     def filters(self) -> dict[str, Any]:
-        return {"d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems}
+        return {"d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems,
+                "d3_rollout_downtimes": rollout_downtimes, "d3_systemctl_show": systemctl_show}  # fmt: skip

@@ -1,61 +1,37 @@
-"""HAProxy runtime API helpers for draining (Ansible filter plugins ``d3_router_command``, ``d3_router_stat``).
+"""HAProxy runtime API filters: ``d3_router_command``, ``d3_router_stat``, ``d3_router_status``, ``d3_router_api_problems``.
 
-Pure functions used by the d3_router role's drain.yml / ready.yml (delegated from playbooks/rollout.yml). The runtime
-API and ``show stat``'s CSV are HAProxy's management interface (doc/management.txt, "9.3. Unix Socket commands" and
-"9.1. CSV format": fields ``pxname``, ``svname``, ``scur`` (current sessions), ``status``).
+Pure functions on the controller; the parsing is module_utils/d3_haproxy.py, shared with the haproxy_runtime module
+that talks to the routers (the d3_router role's servers.yml, drainable.yml, verify.yml, status.yml). The runtime API
+and ``show stat``'s CSV are HAProxy's management interface (doc/management.txt, "9.3. Unix Socket commands" and "9.1.
+CSV format": fields ``pxname``, ``svname``, ``scur`` (current sessions), ``status``).
 """
 
 from __future__ import annotations
 
-import csv
-import re
 from typing import Any
 
-NAME = re.compile(r"\A[A-Za-z0-9_.:-]{1,127}\Z")
-STATES = ("ready", "drain", "maint")
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import parse_stat, select, set_command
 
 
 def router_command(server: dict[str, Any], state: str) -> str:
     """``set server <backend>/<server> state <state>`` for one {backend, server}; names are checked (whole string,
     HAProxy's name characters), so nothing else can reach the runtime API."""
-    if state not in STATES:
-        raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
-    backend, name = server.get("backend"), server.get("server")
-    for what, value in (("backend", backend), ("server", name)):
-        if not isinstance(value, str) or not NAME.match(value):
-            raise ValueError(f"{what} name {value!r} is not an HAProxy name (letters, digits, . _ : -)")
-    return f"set server {backend}/{name} state {state}"
+    return set_command(server, state)
 
 
 def router_stat(text: str, servers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of ``show stat`` for the given {backend, server}s, in their order: {backend, server, scur, status}. A
     server HAProxy does not list gets status ``MISSING`` (a wait for UP, or for no session, then never passes)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or not lines[0].startswith("# "):
-        raise ValueError(f"not the output of `show stat`: {text[:200]!r}")
-    reader = csv.DictReader([lines[0][2:], *lines[1:]])
-    rows = {(row.get("pxname"), row.get("svname")): row for row in reader}
-    out = []
-    for server in servers:
-        row = rows.get((server.get("backend"), server.get("server")))
-        if row is None:
-            out.append({"backend": server.get("backend"), "server": server.get("server"), "scur": 0, "status": "MISSING"})
-        else:
-            scur = int(row.get("scur") or 0)
-            out.append({"backend": row["pxname"], "server": row["svname"], "scur": scur, "status": row.get("status", "")})
-    return out
+    return select(parse_stat(text), servers)
 
 
-def router_status(text: str, router: str = "") -> list[str]:
-    """One line per backend of ``show stat``: the model (backend ``be_<served name>``) and its servers grouped by what
-    the router does with them: up (sent requests), draining, down (failing health checks, or going down), in
-    maintenance."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or not lines[0].startswith("# "):
-        raise ValueError(f"not the output of `show stat`: {text[:200]!r}")
+def router_status(stat: str | list[dict[str, Any]], router: str = "") -> list[str]:
+    """One line per backend of ``show stat`` (its text, or the rows the haproxy_runtime module returns as ``stat``):
+    the model (backend ``be_<served name>``) and its servers grouped by what the router does with them: up (sent
+    requests), draining, down (failing health checks, or going down), in maintenance."""
     groups: dict[str, dict[str, list[str]]] = {}
-    for row in csv.DictReader([lines[0][2:], *lines[1:]]):
-        backend, server, status = row.get("pxname") or "", row.get("svname") or "", row.get("status") or ""
+    for row in parse_stat(stat) if isinstance(stat, str) else stat:
+        backend, server, status = row["backend"], row["server"], row["status"]
         if server in ("FRONTEND", "BACKEND") or not backend.startswith("be_"):
             continue
         word = status.split()[0] if status else ""
@@ -71,8 +47,29 @@ def router_status(text: str, router: str = "") -> list[str]:
     ]
 
 
+def router_api_problems(results: list[dict[str, Any]]) -> list[str]:
+    """What stops a rollout (or a converge) at the routers, from the haproxy_runtime module's results (one per
+    router, a loop's ``results`` or a single result in a list): a router whose runtime API did not answer ``show
+    stat`` (the result has no ``stat``: the module failed, or the router was unreachable), named with its socket and
+    the error (the module's ``error``, else ``msg``); a router that does not know some of the servers asked for
+    (``missing``), named with those servers."""
+    out = []
+    for result in results:
+        router = result.get("router") or result.get("item") or "router"
+        if "stat" not in result:
+            error = " ".join(str(result.get("error") or result.get("msg") or "no answer").split())
+            error = error if len(error) <= 160 else error[:157] + "..."
+            out.append(f"{router}: no HAProxy runtime API at {result.get('socket') or '?'} ({error}).")
+            continue
+        names = list(dict.fromkeys(server["server"] for server in result.get("missing") or []))
+        if names:
+            out.append(f"{router} does not know the servers {', '.join(names)}.")
+    return out
+
+
 class FilterModule:
-    """Ansible filters: d3_router_command, d3_router_stat, d3_router_status."""
+    """Ansible filters: d3_router_command, d3_router_stat, d3_router_status, d3_router_api_problems."""
 
     def filters(self) -> dict[str, Any]:
-        return {"d3_router_command": router_command, "d3_router_stat": router_stat, "d3_router_status": router_status}
+        return {"d3_router_command": router_command, "d3_router_stat": router_stat, "d3_router_status": router_status,
+                "d3_router_api_problems": router_api_problems}  # fmt: skip

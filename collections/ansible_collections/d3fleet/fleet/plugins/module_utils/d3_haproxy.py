@@ -1,0 +1,65 @@
+"""HAProxy's runtime API, the parts the d3_router role uses: the ``set server`` command and the ``show stat`` CSV.
+
+Shared by the filters of plugins/filter/d3_router_api.py (on the controller) and the module haproxy_runtime (on the
+router). Standard library only. The protocol is HAProxy's management guide (doc/management.txt): "9.3. Unix Socket
+commands" (non-interactive mode: one line, the answer, then HAProxy closes the connection; ``set server
+<backend>/<server> state [ ready | drain | maint ]``) and "9.1. CSV format" (``show stat``: a header line ``# pxname,
+svname,...``, then one line per proxy and server; fields ``pxname``, ``svname``, ``scur`` (current sessions),
+``status`` (UP, DOWN, NOLB, DRAIN, MAINT, MAINT(via)..., with ``N/M`` while a check is changing it)).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from typing import Any
+
+NAME = re.compile(r"\A[A-Za-z0-9_.:-]{1,127}\Z")
+STATES = ("ready", "drain", "maint")
+
+
+def set_command(server: dict[str, Any], state: str) -> str:
+    """``set server <backend>/<server> state <state>`` for one {backend, server}; the names are checked as whole
+    strings (HAProxy's name characters), so nothing else can reach the runtime API."""
+    if state not in STATES:
+        raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
+    backend, name = server.get("backend"), server.get("server")
+    for what, value in (("backend", backend), ("server", name)):
+        if not isinstance(value, str) or not NAME.match(value):
+            raise ValueError(f"{what} name {value!r} is not an HAProxy name (letters, digits, . _ : -)")
+    return f"set server {backend}/{name} state {state}"
+
+
+def parse_stat(text: str) -> list[dict[str, Any]]:
+    """Every row of ``show stat``, in HAProxy's order: {backend (pxname), server (svname), scur (int), status}."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        raise ValueError(f"not the output of `show stat`: {text[:200]!r}")
+    return [
+        {"backend": row.get("pxname") or "", "server": row.get("svname") or "", "scur": int(row.get("scur") or 0),
+         "status": row.get("status") or ""}
+        for row in csv.DictReader([lines[0][2:], *lines[1:]])
+    ]  # fmt: skip
+
+
+def select(rows: list[dict[str, Any]], servers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the given {backend, server}s, in their order. A server HAProxy does not list gets status
+    ``MISSING`` and scur 0 (a wait for UP, or for no session, then never passes)."""
+    by_name = {(row["backend"], row["server"]): row for row in rows}
+    out = []
+    for server in servers:
+        key = (server.get("backend"), server.get("server"))
+        out.append(dict(by_name.get(key) or {"backend": key[0], "server": key[1], "scur": 0, "status": "MISSING"}))
+    return out
+
+
+def in_state(status: str, state: str) -> bool:
+    """Whether a server whose ``show stat`` status is ``status`` is known to be in the administrative ``state``
+    already. ``show stat`` shows DRAIN only for a server that is up, and MAINT for maintenance; a DOWN server may or
+    may not be drained, so it is never taken as already ``drain`` or ``ready`` (the command is sent: it is idempotent)."""
+    word = status.split(" ")[0]
+    if state == "drain":
+        return word == "DRAIN"
+    if state == "maint":
+        return word.startswith("MAINT")
+    return word in ("UP", "NOLB")

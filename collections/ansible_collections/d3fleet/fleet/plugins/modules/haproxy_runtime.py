@@ -1,0 +1,273 @@
+#!/usr/bin/python
+"""Ansible module: HAProxy's runtime API (the stats socket) for the d3_router role, without socat."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: haproxy_runtime
+version_added: 0.4.0
+short_description: Read HAProxy's show stat, set servers to drain or ready, and wait until they are drained or up
+description:
+  - Talks to HAProxy's runtime API on its UNIX stats socket (the C(stats socket ... level admin) line of the global
+    section) from Python, one command per connection in HAProxy's non-interactive mode (the command line is sent, HAProxy
+    answers and closes the connection).
+  - Always reads C(show stat) (the CSV of section "9.1. CSV format" - a header line C(# pxname,svname,...), then one line
+    per proxy and server -) and returns, for every row, its backend, server, current sessions (C(scur)) and C(status).
+  - With O(state), sends C(set server <backend>/<server> state <state>) for each of O(servers) that is not known to be in
+    that state already (C(show stat) shows V(DRAIN) for a drained server that is up, V(UP) or V(NOLB) for a ready one;
+    a V(DOWN) server may be either, so the command is sent to it). HAProxy answers an empty line when the command is
+    taken; any other answer (V(No such server.), V(Permission denied)) fails the module, naming the router, the socket
+    and the server. Check mode sends nothing and reports what would change.
+  - With O(wait), polls C(show stat) every O(poll) seconds until the O(servers) have no current session left (sum of
+    C(scur) 0, for V(drain)) or are all V(UP) (for V(ready)), and fails after O(timeout) seconds naming the servers
+    that are not there yet. Check mode does not wait.
+  - Every name that reaches the socket is checked first, as a whole string (backend and server names, of letters,
+    digits, C(.) C(_) C(:) C(-), at most 127 characters, and the socket path, a plain absolute path), before any command is sent.
+  - The protocol is HAProxy's management guide, doc/management.txt in the HAProxy sources, section "9.3. Unix Socket
+    commands" (non-interactive mode; C(set server <backend>/<server> state [ ready | drain | maint ])) and "9.1. CSV
+    format" (C(show stat)); the parsing is module_utils/d3_haproxy.py, shared with the d3_router_api filters, and is
+    tested against a C(show stat) captured from Debian's HAProxy 3.0 (tests/contracts/haproxy/show-stat.csv).
+options:
+  socket:
+    description:
+      - The stats socket (a plain absolute path, checked as given; the d3_router role's C(d3_router_stats_socket)).
+    type: str
+    required: true
+  router:
+    description: The router's name in messages (the inventory host); the socket path when empty.
+    type: str
+    default: ""
+  servers:
+    description:
+      - The servers to set, wait for and report, each C({backend, server}) (the C(d3fleet.fleet.d3_router_backends)
+        filter's C(servers)). Without O(state), only reported (C(servers), C(missing)).
+    type: list
+    elements: dict
+    default: []
+  state:
+    description: The administrative state to set O(servers) to; none to only read.
+    type: str
+    choices: [drain, ready]
+  wait:
+    description: After setting O(state), wait until the servers are drained (no session) or up.
+    type: bool
+    default: false
+  timeout:
+    description: How long to wait, in whole seconds (1-86400).
+    type: int
+    default: 60
+  poll:
+    description: Seconds between two reads of C(show stat) while waiting (0.05-60).
+    type: float
+    default: 1.0
+  connect_timeout:
+    description: Seconds to wait for one connection's answer before failing (0.1-300).
+    type: float
+    default: 10.0
+author: d3-fleet
+"""
+
+EXAMPLES = r"""
+- name: Drain this host's servers in every router and wait until they serve no request
+  d3fleet.fleet.haproxy_runtime:
+    socket: /run/haproxy/admin.sock
+    router: "{{ item }}"
+    servers:
+      - {backend: be_d3-lite, server: l4-a-d3-lite}
+    state: drain
+    wait: true
+    timeout: 180
+  delegate_to: "{{ item }}"
+  loop: "{{ groups['d3-routers'] }}"
+
+- name: Read the router's servers (show stat)
+  d3fleet.fleet.haproxy_runtime:
+    socket: /run/haproxy/admin.sock
+  register: runtime
+"""
+
+RETURN = r"""
+stat:
+  description: Every row of C(show stat) as it was last read, C({backend, server, scur, status}), in HAProxy's order.
+  type: list
+  elements: dict
+  returned: success
+servers:
+  description: The rows of O(servers), in their order, as last read; a server HAProxy does not list has status V(MISSING).
+  type: list
+  elements: dict
+  returned: success
+missing:
+  description: The O(servers) HAProxy does not list, C({backend, server}).
+  type: list
+  elements: dict
+  returned: success
+changed_servers:
+  description: The servers whose state was set (or would be, in check mode), as C(backend/server).
+  type: list
+  elements: str
+  returned: success
+state:
+  description: O(state) (null when only reading).
+  type: str
+  returned: always
+waited_s:
+  description: Seconds spent waiting (0 without O(wait)).
+  type: float
+  returned: success
+router:
+  description: O(router), or the socket path when it is empty.
+  type: str
+  returned: always
+socket:
+  description: O(socket).
+  type: str
+  returned: always
+error:
+  description: On failure, the bare cause (for example the socket error), without the router and socket.
+  type: str
+  returned: failure
+"""
+
+import re
+import socket as sockets
+import time
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import in_state, parse_stat, select, set_command
+
+# the d3_input_problems filter's 'path' rule (plugins/filter/d3_inputs.py): /dir/name, no .. or . components
+PLAIN_PATH = re.compile(r"\A(/[A-Za-z0-9_.@+-]+)+\Z")
+ARGUMENT_SPEC: dict[str, Any] = {
+    "socket": {"type": "str", "required": True},
+    "router": {"type": "str", "default": ""},
+    "servers": {"type": "list", "elements": "dict", "default": []},
+    "state": {"type": "str", "choices": ["drain", "ready"]},
+    "wait": {"type": "bool", "default": False},
+    "timeout": {"type": "int", "default": 60},
+    "poll": {"type": "float", "default": 1.0},
+    "connect_timeout": {"type": "float", "default": 10.0},
+}
+
+
+class Refusal(Exception):
+    """A failure of the module: its message names the router, the socket and the server; ``error`` is the bare cause
+    (returned as ``error``, for the d3_router_api_problems filter)."""
+
+    def __init__(self, msg: str, error: str = "") -> None:
+        super().__init__(msg)
+        self.error = error or msg
+
+
+def ask(path: str, command: str, timeout: float) -> str:
+    """One command in HAProxy's non-interactive mode: send the line, read until HAProxy closes the connection."""
+    with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(path)
+        conn.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def check_inputs(p: dict[str, Any], where: str) -> None:
+    """Refuse, before anything is sent, a socket path, a server name or a wait that could not be meant."""
+    path = p["socket"]
+    if not PLAIN_PATH.match(path) or "/../" in path + "/" or "/./" in path + "/":
+        raise Refusal(f"{where}: the stats socket {path!r} is not a plain absolute path (/dir/name: letters, digits, "
+                      ". _ - @ +; no .. or spaces).")  # fmt: skip
+    for server in p["servers"]:
+        try:
+            set_command(server, p["state"] or "ready")
+        except ValueError as exc:
+            raise Refusal(f"{where}: server {server!r}: {exc}; nothing was sent to the router.") from None
+    if not 1 <= p["timeout"] <= 86400:
+        raise Refusal(f"{where}: timeout = {p['timeout']} is not 1-86400 whole seconds.")
+    if not 0.05 <= p["poll"] <= 60:
+        raise Refusal(f"{where}: poll = {p['poll']} is not 0.05-60 seconds.")
+    if not 0.1 <= p["connect_timeout"] <= 300:
+        raise Refusal(f"{where}: connect_timeout = {p['connect_timeout']} is not 0.1-300 seconds.")
+
+
+def read_stat(p: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    try:
+        text = ask(p["socket"], "show stat", p["connect_timeout"])
+    except OSError as exc:
+        raise Refusal(f"{where}: HAProxy's runtime API does not answer `show stat`: {exc}.", str(exc)) from None
+    try:
+        return parse_stat(text)
+    except ValueError:
+        shown = " ".join(text.split())[:200]
+        raise Refusal(f"{where}: the answer to `show stat` is not HAProxy's CSV: {shown!r}.",
+                      f"not show stat: {shown!r}") from None
+
+
+def pending(rows: list[dict[str, Any]], state: str) -> list[str]:
+    """The servers a wait for ``state`` still waits for: with sessions (drain), or not UP (ready)."""
+    if state == "drain":
+        return [f"{r['backend']}/{r['server']} ({r['scur']} sessions)" for r in rows if r["scur"] > 0]
+    return [f"{r['backend']}/{r['server']} ({r['status']})" for r in rows if r["status"] != "UP"]
+
+
+def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep: Any = time.sleep) -> dict[str, Any]:
+    """The module's work; raises Refusal with the message to fail with."""
+    router = p["router"] or p["socket"]
+    where = f"router {router} (HAProxy runtime API {p['socket']})"
+    check_inputs(p, where)
+    state = p["state"]
+    rows = read_stat(p, where)
+    wanted = select(rows, p["servers"])
+    missing = [{"backend": r["backend"], "server": r["server"]} for r in wanted if r["status"] == "MISSING"]
+    if state and missing:
+        names = ", ".join(f"{m['backend']}/{m['server']}" for m in missing)
+        raise Refusal(f"{where} does not know the servers {names}: nothing was set. Configure the routers first: "
+                      "ansible-playbook site.yml -l d3-routers --tags router")  # fmt: skip
+    todo = [server for server, row in zip(p["servers"], wanted, strict=True) if state and not in_state(row["status"], state)]
+    if not check_mode:
+        for server in todo:
+            command = set_command(server, state)
+            try:
+                answer = ask(p["socket"], command, p["connect_timeout"])
+            except OSError as exc:
+                raise Refusal(f"{where}: `{command}` failed: {exc}.") from None
+            if answer.strip():
+                raise Refusal(f"{where}: `{command}` was refused: {' '.join(answer.split())[:200]}")
+    waited = 0.0
+    if state and p["wait"] and not check_mode:
+        start = clock()
+        while True:
+            rows = read_stat(p, where)
+            wanted = select(rows, p["servers"])
+            left = pending(wanted, state)
+            waited = round(clock() - start, 1)
+            if not left:
+                break
+            if waited >= p["timeout"]:
+                what = "still serve requests" if state == "drain" else "are not UP"
+                raise Refusal(f"{where}: the servers {', '.join(left)} {what} after {p['timeout']} s (timeout).")
+            sleep(p["poll"])
+    return {
+        "changed": bool(todo),
+        "stat": rows,
+        "servers": wanted,
+        "missing": missing,
+        "changed_servers": [f"{s['backend']}/{s['server']}" for s in todo],
+        "waited_s": waited,
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    p = module.params
+    ident = {"state": p["state"], "router": p["router"] or p["socket"], "socket": p["socket"]}
+    try:
+        result = run(p, module.check_mode)
+    except Refusal as exc:
+        module.fail_json(msg=str(exc), error=exc.error, **ident)
+    module.exit_json(**result, **ident)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""A fake HAProxy stats socket for the unit tests (no HAProxy, no socat): a threading UNIX socket server that answers
+as HAProxy's runtime API does in non-interactive mode (doc/management.txt, "9.3. Unix Socket commands": one command
+line, the answer, then the connection closes; `set server` answers an empty line when taken), from the `show stat`
+captured from Debian's HAProxy 3.0.11 (tests/contracts/haproxy/show-stat.csv), and records every command."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPTURED = [line for line in (ROOT / "tests/contracts/haproxy/show-stat.csv").read_text().splitlines()
+            if line.strip() and not line.startswith("#!")]  # fmt: skip
+
+
+class FakeHAProxy:
+    """HAProxy's stats socket, non-interactive: reads one line, answers, closes. ``show stat`` prints the captured CSV
+    with each server's current status and scur; ``set server B/S state X`` changes the status (DRAIN, UP, MAINT) and
+    answers an empty line, or ``No such server.``; ``refuse`` makes every set answer that text. ``scur`` and
+    ``status`` may hold a list per server: one value per ``show stat``, the last one repeated."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.commands: list[str] = []
+        self.rows = [line.split(",") for line in CAPTURED[1:]]
+        self.scur: dict[tuple[str, str], list[int]] = {}
+        self.status: dict[tuple[str, str], list[str]] = {}
+        self.after_set: dict[tuple[str, str], list[str]] = {}  # the statuses a set server leads to (health checks)
+        self.refuse = ""
+        self.answer_stat: str | None = None
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(8)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                command = data.decode().rstrip("\n")
+                self.commands.append(command)
+                conn.sendall(self.answer(command).encode())
+
+    def next_value(self, table: dict[tuple[str, str], list[Any]], key: tuple[str, str]) -> Any:
+        values = table.get(key)
+        if not values:
+            return None
+        return values.pop(0) if len(values) > 1 else values[0]
+
+    def answer(self, command: str) -> str:
+        if command == "show stat":
+            if self.answer_stat is not None:
+                return self.answer_stat
+            lines = [CAPTURED[0]]
+            for row in self.rows:
+                key = (row[0], row[1])
+                scur, status = self.next_value(self.scur, key), self.next_value(self.status, key)
+                row[4] = str(scur) if scur is not None else row[4]
+                row[17] = status if status is not None else row[17]
+                lines.append(",".join(row))
+            return "\n".join(lines) + "\n\n"
+        words = command.split(" ")
+        if len(words) == 5 and words[:2] == ["set", "server"] and words[3] == "state":
+            if self.refuse:
+                return self.refuse + "\n\n"
+            backend, _, name = words[2].partition("/")
+            for row in self.rows:
+                if (row[0], row[1]) == (backend, name):
+                    row[17] = {"drain": "DRAIN", "ready": "UP", "maint": "MAINT"}[words[4]]
+                    self.status.pop((backend, name), None)
+                    if (backend, name) in self.after_set:
+                        self.status[(backend, name)] = self.after_set.pop((backend, name))
+                    return "\n"
+            return "No such server.\n\n"
+        return "Unknown command. Please enter one of the following commands only :\n  help\n\n"
+
+    def close(self) -> None:
+        self.server.close()
+
+    @classmethod
+    @contextmanager
+    def started(cls) -> Iterator[FakeHAProxy]:
+        """One fake in a short directory of /tmp (a UNIX socket path must stay under 108 bytes), removed after."""
+        directory = tempfile.mkdtemp(prefix="d3hx", dir="/tmp")
+        fake = cls(f"{directory}/admin.sock")
+        try:
+            yield fake
+        finally:
+            fake.close()
+            shutil.rmtree(directory)

@@ -1,0 +1,414 @@
+"""The haproxy_runtime module (the d3_router role's only way to HAProxy's runtime API) against a fake HAProxy stats
+socket: a threading UNIX socket server that answers as HAProxy's non-interactive mode does (doc/management.txt, "9.3.
+Unix Socket commands": one command line, the answer, then the connection closes; `set server` answers an empty line
+when taken), from the `show stat` captured from Debian's HAProxy 3.0.11 (tests/contracts/haproxy/show-stat.csv), and
+records every command. Also the shared parsing (module_utils/d3_haproxy.py) and the filters that decide from the
+module's results (d3_router_api_problems) and from systemctl show (d3_rollout_downtimes, d3_systemctl_show)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+from fake_haproxy import CAPTURED, FakeHAProxy
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"))
+sys.path.insert(0, str(ROOT / "collections"))
+haproxy_runtime = importlib.import_module("haproxy_runtime")
+d3_haproxy = importlib.import_module("ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy")
+d3_router_api = importlib.import_module("d3_router_api")  # filter (tests/conftest.py puts plugins/filter on sys.path)
+d3_rollout = importlib.import_module("d3_rollout")
+
+LITE2 = {"backend": "be_d3-lite", "server": "d3-lab-host2-d3-lite"}
+LITE3 = {"backend": "be_d3-lite", "server": "d3-lab-host3-d3-lite"}
+FLASH = {"backend": "be_d3-flash", "server": "d3-lab-host2-d3-flash"}
+
+
+@pytest.fixture
+def haproxy() -> Iterator[FakeHAProxy]:
+    with FakeHAProxy.started() as fake:
+        yield fake
+
+
+def params(sock: str, **over: Any) -> dict[str, Any]:
+    base = {"socket": sock, "router": "r1", "servers": [], "state": None, "wait": False, "timeout": 60, "poll": 1.0,
+            "connect_timeout": 10.0}  # fmt: skip
+    return {**base, **over}
+
+
+def run_main(capsys: pytest.CaptureFixture[str], **args: Any) -> dict[str, Any]:
+    with patch_module_args(args), pytest.raises(SystemExit):
+        haproxy_runtime.main()
+    return json.loads(capsys.readouterr().out)
+
+
+class Clock:
+    """A monotonic clock that only moves when the module sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+# --- reading -------------------------------------------------------------------------------------------------------
+
+
+def test_reads_show_stat_of_the_captured_haproxy(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_main(capsys, socket=haproxy.path, router="r1", servers=[LITE3, {"backend": "be_d3-lite", "server": "new"}])
+    assert haproxy.commands == ["show stat"]
+    assert out["changed"] is False and out["changed_servers"] == [] and out["waited_s"] == 0.0
+    assert (out["router"], out["socket"], out["state"]) == ("r1", haproxy.path, None)
+    assert len(out["stat"]) == len(CAPTURED) - 1
+    assert out["stat"][0] == {"backend": "fe_d3-27b", "server": "FRONTEND", "scur": 0, "status": "OPEN"}
+    assert out["stat"][1] == {"backend": "be_d3-27b", "server": "d3-lab-host1-d3-27b", "scur": 0, "status": "UP"}
+    assert out["servers"] == [{**LITE3, "scur": 0, "status": "UP"}, {"backend": "be_d3-lite", "server": "new", "scur": 0,
+                                                                      "status": "MISSING"}]  # fmt: skip
+    assert out["missing"] == [{"backend": "be_d3-lite", "server": "new"}]
+
+
+def test_router_defaults_to_the_socket(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_main(capsys, socket=haproxy.path)
+    assert out["router"] == haproxy.path and out["missing"] == [] and out["servers"] == []
+
+
+# --- setting -------------------------------------------------------------------------------------------------------
+
+
+def test_drain_sets_only_the_servers_not_drained_yet(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    haproxy.status[(LITE3["backend"], LITE3["server"])] = ["DRAIN"]
+    out = run_main(capsys, socket=haproxy.path, router="r1", servers=[LITE2, LITE3, FLASH], state="drain")
+    assert haproxy.commands == ["show stat", "set server be_d3-lite/d3-lab-host2-d3-lite state drain",
+                                "set server be_d3-flash/d3-lab-host2-d3-flash state drain"]  # fmt: skip
+    assert out["changed"] is True and out["state"] == "drain"
+    assert out["changed_servers"] == ["be_d3-lite/d3-lab-host2-d3-lite", "be_d3-flash/d3-lab-host2-d3-flash"]
+
+
+def test_drain_of_drained_servers_changes_nothing(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    haproxy.status[(LITE2["backend"], LITE2["server"])] = ["DRAIN 1/2"]
+    out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="drain")
+    assert haproxy.commands == ["show stat"] and out["changed"] is False and out["changed_servers"] == []
+
+
+def test_ready_gives_back_drained_down_and_maint_servers_only(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    haproxy.status[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DRAIN"]
+    haproxy.status[("be_d3-flash", "d3-lab-host2-d3-flash")] = ["DOWN 1/2"]  # drained or not: show stat cannot tell
+    haproxy.status[("be_d3-nano", "d3-lab-host2-d3-nano")] = ["MAINT"]
+    haproxy.status[("be_d3-mini", "d3-lab-host1-d3-mini")] = ["NOLB"]
+    nano, mini = {"backend": "be_d3-nano", "server": "d3-lab-host2-d3-nano"}, {"backend": "be_d3-mini", "server": "d3-lab-host1-d3-mini"}
+    out = run_main(capsys, socket=haproxy.path, servers=[LITE2, LITE3, FLASH, nano, mini], state="ready")
+    assert haproxy.commands[1:] == ["set server be_d3-lite/d3-lab-host2-d3-lite state ready",
+                                    "set server be_d3-flash/d3-lab-host2-d3-flash state ready",
+                                    "set server be_d3-nano/d3-lab-host2-d3-nano state ready"]  # fmt: skip
+    assert out["changed"] is True and len(out["changed_servers"]) == 3
+
+
+def test_check_mode_reports_what_would_change_and_sends_nothing(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="drain", wait=True, _ansible_check_mode=True)
+    assert haproxy.commands == ["show stat"]
+    assert out["changed"] is True and out["changed_servers"] == ["be_d3-lite/d3-lab-host2-d3-lite"] and out["waited_s"] == 0.0
+
+
+# --- waiting -------------------------------------------------------------------------------------------------------
+
+
+def test_drain_waits_until_no_session_is_left(haproxy: FakeHAProxy) -> None:
+    haproxy.scur[("be_d3-lite", "d3-lab-host2-d3-lite")] = [0, 2, 1, 0]  # the first read decides what to set
+    haproxy.scur[("be_d3-lite", "d3-lab-host3-d3-lite")] = [5]  # not drained: its sessions do not count
+    clock = Clock()
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", wait=True, poll=0.5), False, clock,
+                              clock.sleep)  # fmt: skip
+    assert haproxy.commands == ["show stat", "set server be_d3-lite/d3-lab-host2-d3-lite state drain", "show stat",
+                                "show stat", "show stat"]  # fmt: skip
+    assert clock.sleeps == [0.5, 0.5] and out["waited_s"] == 1.0
+    assert out["servers"] == [{**LITE2, "scur": 0, "status": "DRAIN"}]
+
+
+def test_ready_waits_until_every_server_is_up(haproxy: FakeHAProxy) -> None:
+    haproxy.status[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DRAIN"]
+    clock = Clock()
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2, LITE3], state="ready", wait=True), False, clock, clock.sleep)
+    assert haproxy.commands == ["show stat", "set server be_d3-lite/d3-lab-host2-d3-lite state ready", "show stat"]
+    assert clock.sleeps == [] and out["waited_s"] == 0.0 and out["changed_servers"] == ["be_d3-lite/d3-lab-host2-d3-lite"]
+
+
+def test_ready_wait_polls_a_server_that_is_not_up_yet(haproxy: FakeHAProxy) -> None:
+    haproxy.status[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DOWN"]
+    haproxy.after_set[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DOWN", "UP 1/2", "UP"]
+    clock = Clock()
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="ready", wait=True), False, clock, clock.sleep)
+    assert haproxy.commands.count("show stat") == 4 and clock.sleeps == [1.0, 1.0] and out["waited_s"] == 2.0
+
+
+def test_drain_wait_fails_at_the_deadline_naming_the_servers(haproxy: FakeHAProxy) -> None:
+    haproxy.scur[("be_d3-lite", "d3-lab-host2-d3-lite")] = [3]
+    haproxy.status[("be_d3-lite", "d3-lab-host3-d3-lite")] = ["DRAIN"]
+    haproxy.scur[("be_d3-lite", "d3-lab-host3-d3-lite")] = [0]
+    clock = Clock()
+    with pytest.raises(haproxy_runtime.Refusal) as refused:
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2, LITE3], state="drain", wait=True, timeout=3), False,
+                            clock, clock.sleep)  # fmt: skip
+    assert str(refused.value) == (
+        f"router r1 (HAProxy runtime API {haproxy.path}): the servers be_d3-lite/d3-lab-host2-d3-lite (3 sessions) still "
+        "serve requests after 3 s (timeout)."
+    )
+    assert clock.sleeps == [1.0, 1.0, 1.0]
+
+
+def test_ready_wait_fails_at_the_deadline_naming_the_servers(haproxy: FakeHAProxy) -> None:
+    haproxy.status[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DRAIN"]
+    haproxy.after_set[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DOWN"]
+    clock = Clock()
+    with pytest.raises(haproxy_runtime.Refusal) as refused:
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="ready", wait=True, timeout=2, poll=1.5), False,
+                            clock, clock.sleep)  # fmt: skip
+    assert str(refused.value) == (
+        f"router r1 (HAProxy runtime API {haproxy.path}): the servers be_d3-lite/d3-lab-host2-d3-lite (DOWN) are not UP "
+        "after 2 s (timeout)."
+    )
+    assert clock.sleeps == [1.5, 1.5]
+
+
+def test_without_wait_nothing_is_polled(haproxy: FakeHAProxy) -> None:
+    haproxy.scur[("be_d3-lite", "d3-lab-host2-d3-lite")] = [4]
+    clock = Clock()
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain"), False, clock, clock.sleep)
+    assert haproxy.commands.count("show stat") == 1 and clock.sleeps == [] and out["servers"][0]["scur"] == 4
+
+
+# --- refusals ------------------------------------------------------------------------------------------------------
+
+
+def test_a_refused_command_fails_naming_router_socket_and_server(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    haproxy.refuse = "Permission denied"
+    out = run_main(capsys, socket=haproxy.path, router="r1", servers=[LITE2], state="drain")
+    assert out["failed"] is True and (out["router"], out["socket"], out["state"]) == ("r1", haproxy.path, "drain")
+    assert out["msg"] == (f"router r1 (HAProxy runtime API {haproxy.path}): `set server be_d3-lite/d3-lab-host2-d3-lite "
+                          "state drain` was refused: Permission denied")  # fmt: skip
+
+
+def test_a_server_the_router_does_not_know_is_refused_before_any_set(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_main(capsys, socket=haproxy.path, router="r1", servers=[LITE2, {"backend": "be_d3-lite", "server": "l4-new"}],
+                   state="ready")  # fmt: skip
+    assert haproxy.commands == ["show stat"]
+    assert out["msg"] == (f"router r1 (HAProxy runtime API {haproxy.path}) does not know the servers be_d3-lite/l4-new: "
+                          "nothing was set. Configure the routers first: "
+                          "ansible-playbook site.yml -l d3-routers --tags router")  # fmt: skip
+
+
+def test_no_haproxy_at_the_socket_fails_with_the_socket_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(tmp_path / "none.sock")
+    out = run_main(capsys, socket=path, router="r1")
+    assert out["failed"] is True and out["error"] == "[Errno 2] No such file or directory"
+    assert out["msg"] == (f"router r1 (HAProxy runtime API {path}): HAProxy's runtime API does not answer `show stat`: "
+                          "[Errno 2] No such file or directory.")  # fmt: skip
+
+
+def test_an_answer_that_is_not_show_stat_fails(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    haproxy.answer_stat = "Unknown command.\n  help   :  this message\n\n"
+    out = run_main(capsys, socket=haproxy.path, router="r1")
+    assert out["msg"] == (f"router r1 (HAProxy runtime API {haproxy.path}): the answer to `show stat` is not HAProxy's CSV: "
+                          "'Unknown command. help : this message'.")  # fmt: skip
+    assert out["error"] == "not show stat: 'Unknown command. help : this message'"
+
+
+def test_a_set_that_breaks_off_fails_naming_the_command(haproxy: FakeHAProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = haproxy_runtime.ask
+
+    def ask(path: str, command: str, timeout: float) -> str:
+        if command.startswith("set "):
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return real(path, command, timeout)
+
+    monkeypatch.setattr(haproxy_runtime, "ask", ask)
+    with pytest.raises(haproxy_runtime.Refusal) as refused:
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain"), False)
+    assert str(refused.value) == (f"router r1 (HAProxy runtime API {haproxy.path}): `set server be_d3-lite/d3-lab-host2-d3-lite "
+                                  "state drain` failed: [Errno 104] Connection reset by peer.")  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["run/admin.sock", "/run/haproxy/admin.sock\nshow stat", "/run/x y", "/run/../etc/x",
+                                  "/run/./x", "/run/haproxy/", "/run//x"])  # fmt: skip
+def test_a_socket_path_that_is_not_plain_is_refused_before_connecting(path: str) -> None:
+    with pytest.raises(haproxy_runtime.Refusal) as refused:
+        haproxy_runtime.run(params(path, router="r9"), False)
+    assert str(refused.value) == (f"router r9 (HAProxy runtime API {path}): the stats socket {path!r} is not a plain absolute "
+                                  "path (/dir/name: letters, digits, . _ - @ +; no .. or spaces).")  # fmt: skip
+
+
+def test_plain_socket_paths_pass(haproxy: FakeHAProxy) -> None:
+    for path in ["/run/haproxy/admin.sock", "/var/run/ha_proxy@1/a+b.sock"]:
+        assert haproxy_runtime.PLAIN_PATH.match(path)
+    assert haproxy_runtime.run(params(haproxy.path), False)["changed"] is False
+
+
+@pytest.mark.parametrize("server", [{"backend": "be_x; shutdown sessions", "server": "s"}, {"backend": "be_x", "server": "s\nshow stat"},
+                                    {"backend": "be_x"}])  # fmt: skip
+def test_a_server_name_that_is_not_an_haproxy_name_is_refused_before_anything_is_sent(haproxy: FakeHAProxy, server: dict) -> None:
+    with pytest.raises(haproxy_runtime.Refusal) as refused:
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2, server], state="drain"), False)
+    assert str(refused.value).startswith(f"router r1 (HAProxy runtime API {haproxy.path}): server {server!r}: ")
+    assert str(refused.value).endswith(" is not an HAProxy name (letters, digits, . _ : -); nothing was sent to the router.")
+    assert haproxy.commands == []
+
+
+def test_server_names_are_checked_without_a_state_too(haproxy: FakeHAProxy) -> None:
+    with pytest.raises(haproxy_runtime.Refusal, match="backend name 'be x' is not an HAProxy name"):
+        haproxy_runtime.run(params(haproxy.path, servers=[{"backend": "be x", "server": "s"}]), False)
+    assert haproxy.commands == []
+
+
+@pytest.mark.parametrize(("name", "value", "text"), [
+    ("timeout", 0, "timeout = 0 is not 1-86400 whole seconds."),
+    ("timeout", 86401, "timeout = 86401 is not 1-86400 whole seconds."),
+    ("poll", 0.04, "poll = 0.04 is not 0.05-60 seconds."),
+    ("poll", 60.5, "poll = 60.5 is not 0.05-60 seconds."),
+    ("connect_timeout", 0.05, "connect_timeout = 0.05 is not 0.1-300 seconds."),
+    ("connect_timeout", 301, "connect_timeout = 301 is not 0.1-300 seconds."),
+])  # fmt: skip
+def test_waits_out_of_range_are_refused(haproxy: FakeHAProxy, name: str, value: float, text: str) -> None:
+    with pytest.raises(haproxy_runtime.Refusal) as refused:
+        haproxy_runtime.run(params(haproxy.path, **{name: value}), False)
+    assert str(refused.value) == f"router r1 (HAProxy runtime API {haproxy.path}): {text}"
+    assert haproxy.commands == []
+
+
+@pytest.mark.parametrize(("name", "value"), [("timeout", 1), ("timeout", 86400), ("poll", 0.05), ("poll", 60),
+                                             ("connect_timeout", 0.1), ("connect_timeout", 300)])  # fmt: skip
+def test_waits_at_the_bounds_pass(haproxy: FakeHAProxy, name: str, value: float) -> None:
+    assert haproxy_runtime.run(params(haproxy.path, **{name: value}), False)["changed"] is False
+
+
+def test_ask_reads_the_whole_answer_until_haproxy_closes(haproxy: FakeHAProxy) -> None:
+    text = haproxy_runtime.ask(haproxy.path, "show stat", 5)
+    assert text.startswith("# pxname,svname,") and text.endswith("\n\n") and len(text) > 65536 // 8
+    assert text.count("\n") == len(CAPTURED) + 1
+
+
+# --- module_utils/d3_haproxy.py --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("status", "state", "already"), [
+    ("DRAIN", "drain", True), ("DRAIN 1/2", "drain", True), ("UP", "drain", False), ("DOWN", "drain", False),
+    ("MAINT", "drain", False), ("UP", "ready", True), ("UP 1/3", "ready", True), ("NOLB", "ready", True),
+    ("DRAIN", "ready", False), ("DOWN", "ready", False), ("MAINT", "ready", False), ("no check", "ready", False),
+    ("", "ready", False), ("MAINT", "maint", True), ("MAINT(via)", "maint", True), ("DRAIN", "maint", False),
+])  # fmt: skip
+def test_in_state_takes_only_what_show_stat_proves(status: str, state: str, already: bool) -> None:
+    assert d3_haproxy.in_state(status, state) is already
+
+
+def test_parse_stat_reads_the_four_fields_of_every_row() -> None:
+    rows = d3_haproxy.parse_stat("# pxname,svname,qcur,qmax,scur,status\nbe,s1,0,0,,DRAIN\n\nbe,s2,0,0,7,\n")
+    assert rows == [{"backend": "be", "server": "s1", "scur": 0, "status": "DRAIN"},
+                    {"backend": "be", "server": "s2", "scur": 7, "status": ""}]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "pxname,svname\nbe,s\n", "#pxname,svname\n"])
+def test_parse_stat_refuses_what_is_not_show_stat(text: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        d3_haproxy.parse_stat(text)
+    assert str(refused.value) == f"not the output of `show stat`: {text[:200]!r}"
+
+
+def test_select_copies_rows_so_callers_cannot_change_the_stat() -> None:
+    rows = [{"backend": "b", "server": "s", "scur": 1, "status": "UP"}]
+    picked = d3_haproxy.select(rows, [{"backend": "b", "server": "s"}])
+    picked[0]["status"] = "X"
+    assert rows[0]["status"] == "UP"
+
+
+def test_set_command_accepts_every_haproxy_name_character_and_the_longest_name() -> None:
+    name = "A-z_0.9:" + "x" * 119
+    assert d3_haproxy.set_command({"backend": name, "server": "s"}, "maint") == f"set server {name}/s state maint"
+    with pytest.raises(ValueError, match="is not an HAProxy name"):
+        d3_haproxy.set_command({"backend": name + "x", "server": "s"}, "maint")
+
+
+# --- d3_router_api_problems ------------------------------------------------------------------------------------------
+
+
+def test_api_problems_name_the_router_socket_and_error_or_the_missing_servers() -> None:
+    results = [
+        {"item": "r1", "router": "r1", "socket": "/run/a.sock", "stat": [], "missing": []},
+        {"item": "r2", "router": "r2", "socket": "/run/b.sock", "failed": True, "msg": "long", "error": "[Errno 2] No such file"},
+        {"item": "r3", "socket": "/run/c.sock", "stat": [], "missing": [{"backend": "be_a", "server": "h-a"},
+                                                                          {"backend": "be_b", "server": "h-a"},
+                                                                          {"backend": "be_b", "server": "h-b"}]},
+        {"item": "r4", "unreachable": True, "msg": "Failed to connect\n  to the host via ssh"},
+        {"msg": ""},
+    ]  # fmt: skip
+    assert d3_router_api.router_api_problems(results) == [
+        "r2: no HAProxy runtime API at /run/b.sock ([Errno 2] No such file).",
+        "r3 does not know the servers h-a, h-b.",
+        "r4: no HAProxy runtime API at ? (Failed to connect to the host via ssh).",
+        "router: no HAProxy runtime API at ? (no answer).",
+    ]
+
+
+def test_api_problems_cut_a_long_error_at_160_characters() -> None:
+    exact, longer = "e" * 160, "e" * 161
+    assert d3_router_api.router_api_problems([{"router": "r", "error": exact}]) == [f"r: no HAProxy runtime API at ? ({exact})."]
+    assert d3_router_api.router_api_problems([{"router": "r", "error": longer}]) == [f"r: no HAProxy runtime API at ? ({'e' * 157}...)."]
+
+
+def test_router_status_reads_the_modules_rows(haproxy: FakeHAProxy) -> None:
+    haproxy.status[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DRAIN"]
+    rows = haproxy_runtime.run(params(haproxy.path), False)["stat"]
+    lines = d3_router_api.router_status(rows, "r1")
+    assert "r1: d3-lite: 1 up, 1 draining, 0 down, 0 in maintenance; draining: d3-lab-host2-d3-lite" in lines
+    assert lines == d3_router_api.router_status(haproxy_runtime.ask(haproxy.path, "show stat", 5), "r1")
+
+
+# --- d3_rollout_downtimes, d3_systemctl_show ---------------------------------------------------------------------------
+
+
+def test_downtimes_of_restarted_and_new_instances() -> None:
+    times = [
+        {"item": {"name": "d3-lite", "unit": "d3-lite", "new": False, "reason": "unit changed"},
+         "stdout": "ActiveExitTimestampMonotonic=5000000\nInactiveExitTimestampMonotonic=5200000\n"},
+        {"item": {"name": "d3-nano", "unit": "d3-nano", "new": True, "reason": ""},
+         "stdout": "ActiveExitTimestampMonotonic=0\nInactiveExitTimestampMonotonic=7000000"},
+        {"item": {"name": "d3-mini", "unit": "d3-mini", "new": False, "reason": "x"}, "stdout": ""},
+        {"item": {"name": "d3-edge", "unit": "d3-edge", "new": True, "reason": ""}, "stdout": ""},
+    ]  # fmt: skip
+    smoke = [{"instance": "d3-lite", "ready_monotonic": 6.44}, {"instance": "d3-nano", "ready_monotonic": "10.25"}]
+    assert d3_rollout.rollout_downtimes(times, smoke) == [
+        "d3-lite: down 1.4 s (unit stop to ready; unit changed; smoke passed)",
+        "d3-nano: new, ready 3.2 s after its start (no downtime: it was not serving)",
+        "d3-mini: restarted; no ready time from the smoke test",
+        "d3-edge: new; no ready time from the smoke test",
+    ]
+
+
+def test_downtimes_read_missing_timestamps_as_zero() -> None:
+    times = [{"item": {"name": "a", "unit": "a", "new": False, "reason": "r"}, "stdout": "Other=1\nnoequals"},
+             {"item": {"name": "a", "unit": "b", "new": True}, "stdout": None}]  # fmt: skip
+    assert d3_rollout.rollout_downtimes(times, [{"instance": "a", "ready_monotonic": 2}]) == [
+        "a: down 2.0 s (unit stop to ready; r; smoke passed)",
+        "b: new, ready 2.0 s after its start (no downtime: it was not serving)",
+    ]
+
+
+def test_systemctl_show_maps_blocks_to_units() -> None:
+    text = ("Id=d3-lite.service\nActiveState=active\nNRestarts=0\nExecStart={ path=/x ; argv[]=a=b }\n\n"
+            "ActiveState=inactive\n\nId=d3.service.d\nNRestarts=3\n\nId=other\n")  # fmt: skip
+    assert d3_rollout.systemctl_show(text) == {
+        "d3-lite": {"Id": "d3-lite.service", "ActiveState": "active", "NRestarts": "0", "ExecStart": "{ path=/x ; argv[]=a=b }"},
+        "d3.service.d": {"Id": "d3.service.d", "NRestarts": "3"},
+        "other": {"Id": "other"},
+    }
+    assert d3_rollout.systemctl_show("") == {} and d3_rollout.systemctl_show(None) == {}  # type: ignore[arg-type]

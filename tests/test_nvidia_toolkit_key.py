@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvidia_toolkit import gpg_primary_keys, key_problems
+from nvidia_toolkit import FilterModule, gpg_primary_keys, key_problems
 
 FIXTURES = Path(__file__).parent / "fixtures/gpg"
 ONE = (FIXTURES / "one.colons").read_text()
@@ -63,6 +63,7 @@ def test_gpg_primary_keys(case: str, colons: str, count: int, fingerprints: list
          "gpg could not read it (rc 2: gpg: keybox '/tmp/tmp.HOME/pubring.kbx' created\ngpg: no valid OpenPGP data found.)"),
         ("no gpg on the controller", gpg(rc=3, stderr="gpg is not installed on the Ansible controller (apt-get install gpg)\n"), FPR_ONE,
          "gpg could not read it (rc 3: gpg is not installed on the Ansible controller (apt-get install gpg))"),
+        ("gpg failed without a word", gpg(rc=2), FPR_ONE, "gpg could not read it (rc 2: )"),
         ("a failing gpg's output is not trusted", gpg(ONE, rc=2, stderr=" partial "), FPR_ONE, "gpg could not read it (rc 2: partial)"),
     ],
 )  # fmt: skip
@@ -96,3 +97,7 @@ def test_a_fresh_key_from_this_machines_gpg_reads_like_the_fixture(tmp_path: Pat
     assert [line.split(":")[0] for line in proc.stdout.splitlines()] == [line.split(":")[0] for line in ONE.splitlines()]
     assert key_problems(gpg(proc.stdout), fpr.lower(), "h1", URL) == []
     assert gpg_primary_keys(proc.stdout + proc.stdout)["count"] == 2
+
+
+def test_the_filter_is_registered() -> None:
+    assert FilterModule().filters() == {"nvidia_toolkit_key_problems": key_problems}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from d3_units import changed, start_epoch, units_actions
+from d3_units import FilterModule, changed, start_epoch, units_actions
 
 DIR = "/etc/containers/systemd"
 KEY = "/var/lib/d3/api-key.sha256"
@@ -205,3 +205,7 @@ def test_changed_refuses_what_is_not_a_result() -> None:
 )
 def test_start_epoch(timestamp: str | None, epoch: float) -> None:
     assert start_epoch(timestamp) == epoch
+
+
+def test_the_filter_is_registered() -> None:
+    assert FilterModule().filters() == {"d3_units_actions": units_actions}

@@ -37,7 +37,7 @@ def start_epoch(timestamp: Any) -> float:
     """InactiveExitTimestamp as ``systemctl show --timestamp=unix`` prints it ('@1700000000', '' when never) -> seconds;
     0 for anything else (as Jinja's ``float`` filter: the instance counts as started at the epoch)."""
     try:
-        return float(str(timestamp or "").replace("@", "") or 0)
+        return float(str(timestamp).replace("@", ""))
     except ValueError:
         return 0.0
 
@@ -76,13 +76,13 @@ def units_actions(
         show = units.get(instance["unit"] + ".service") or {}
         started = start_epoch(show.get("InactiveExitTimestamp"))
         unit_mtime = _mtime(host, f"{options['unit_dir']}/{instance['unit']}{options['suffix']}")
-        if show.get("ActiveState", "") not in RUNNING:
+        if show.get("ActiveState") not in RUNNING:
             action, reason = "start", "not running"
         elif changed(result):
             action, reason = "restart", "unit changed"
         elif secret_changed:
             action, reason = "restart", "API key changed"
-        elif show.get("NeedDaemonReload", "no") == "yes":
+        elif show.get("NeedDaemonReload") == "yes":
             action, reason = "restart", "unit file newer than the loaded unit"
         elif unit_mtime > started + SLACK_S:
             action, reason = "restart", "unit file newer than the running instance"
@@ -92,7 +92,7 @@ def units_actions(
             action, reason = "none", ""
         # Quadlet units are generated: they cannot be enabled (their [Install] section does it); a classic unit that
         # is not enabled gets the call (enabled: true) even when it need not restart
-        enabled = quadlet or show.get("UnitFileState", "") == "enabled"
+        enabled = quadlet or show.get("UnitFileState") == "enabled"
         actions.append({
             "name": instance["name"], "unit": instance["unit"], "action": action, "new": action == "start",
             "reason": reason, "enabled": enabled, "state": "restarted" if action == "restart" else "started",

@@ -14,31 +14,21 @@ from typing import Any
 
 def gpg_primary_keys(colons: str) -> dict[str, Any]:
     """{count: the ``pub`` records, fingerprints: the ``fpr`` right after each ``pub`` (upper case)}. Only an ``fpr``
-    that directly follows a ``pub`` counts: a subkey's, or one after another record, is not a primary key's."""
-    count = 0
-    fingerprints = []
-    after_pub = False
-    for line in colons.splitlines():
-        fields = line.split(":")
-        if fields[0] == "pub":
-            count += 1
-            after_pub = True
-        elif fields[0] == "fpr" and after_pub:
-            fingerprints.append(fields[9].upper())
-            after_pub = False
-        elif fields[0] != "fpr":
-            after_pub = False
-    return {"count": count, "fingerprints": fingerprints}
+    whose record directly follows a ``pub`` counts: a subkey's, or one after another record, is not a primary key's."""
+    records = [line.split(":") for line in colons.splitlines()]
+    previous = [[""], *records]
+    fingerprints = [r[9].upper() for before, r in zip(previous, records, strict=False) if before[0] == "pub" and r[0] == "fpr"]
+    return {"count": sum(r[0] == "pub" for r in records), "fingerprints": fingerprints}
 
 
 def key_problems(gpg: Mapping[str, Any], fingerprint: str, host: str, source: str) -> list[str]:
     """The refusal of key.yml, empty when the key file holds exactly one key and its fingerprint is ``fingerprint``
     (spaces and case ignored). ``gpg`` is the registered result of ``gpg --show-keys --with-colons`` (rc, stdout,
     stderr); ``source`` is where the key came from (the URL, or the installed key's path)."""
-    keys = gpg_primary_keys(gpg.get("stdout") or "")
+    keys = gpg_primary_keys(gpg["stdout"])
     expected = fingerprint.replace(" ", "").upper()
     if gpg["rc"] != 0:
-        why = f"gpg could not read it (rc {gpg['rc']}: {(gpg.get('stderr') or '').strip()})"
+        why = f"gpg could not read it (rc {gpg['rc']}: {gpg['stderr'].strip()})"
     elif keys["count"] != 1:
         why = f"it holds {keys['count']} keys ({', '.join(keys['fingerprints'])}), want exactly one"
     elif keys["fingerprints"] != [expected]:

@@ -1,11 +1,24 @@
-"""Mutation testing (make mutation): mutmut on the d3fleet.fleet collection's filters's modules.
+"""Mutation testing (make mutation): mutmut on every Python file of the d3fleet.fleet collection: its filters, its
+modules and their module_utils.
 
-The unit tests import the filters as top-level modules (``import d3_planner``, tests/conftest.py puts
-the collection's plugins/filter on sys.path) and the module as ``import decision``; mutmut names a mutant after the file's path,
-so the sources are staged flat under .venv/mutation/src/ (mutmut strips ``src.``), next to a copy of tests/ and
-roles/. Each mutant runs only the unit tests that call the mutated function (mutmut's stats), under
-``-m "not lab"``. Then this prints the score per file and every surviving mutant's diff, and exits 1 when a
-file scores below MIN_SCORE.
+mutmut names a mutant after its file's path (``src.`` stripped) and activates it only in a function whose
+``__module__`` is that name, so each file is staged under .venv/mutation/src/ at the path of the name the tests
+import it by:
+
+- the filters and modules flat (``import d3_planner``: tests/conftest.py puts plugins/filter on sys.path; ``import
+  decision``);
+- the module_utils at their package path, src/ansible_collections/d3fleet/fleet/plugins/module_utils/ (the filters,
+  the modules and the tests import them as ``ansible_collections.d3fleet.fleet.plugins.module_utils.X``; mutmut puts
+  src/ on sys.path, where that namespace package finds them).
+
+A filter or module some code imports by its package path (``from ansible_collections.d3fleet.fleet.plugins.filter
+import d3_bench``) gets the flat module itself: the stage's copy of tests/conftest.py gets an import hook that maps
+those names to the flat modules (one module object, whose functions are the mutated ones). Files left out by --only
+are importable, not mutated: filters and modules in lib/, module_utils in collections/ (both on the tests' path).
+
+Each mutant runs only the unit tests that call the mutated function (mutmut's stats), under ``-m "not lab and not
+playbook"``, among the test files that import a mutated file or a file of the collection that imports one. Then this
+prints the score per file and every surviving mutant's diff, and exits 1 when a file scores below MIN_SCORE.
 
     python tools/mutation.py            # stage, run, report
     python tools/mutation.py --report   # report the last run again
@@ -30,16 +43,41 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGE = Path(os.environ.get("MUTATION_STAGE") or ROOT / ".venv" / "mutation")  # MUTATION_STAGE: runs side by side
 COLLECTION = ROOT / "collections/ansible_collections/d3fleet/fleet/plugins"
 MODULES = COLLECTION / "modules"
-ALL_SOURCES = sorted((COLLECTION / "filter").glob("*.py")) + sorted(MODULES.glob("*.py"))
+UTILS = COLLECTION / "module_utils"
+UTILS_PATH = Path("ansible_collections/d3fleet/fleet/plugins/module_utils")  # where the module_utils are imported from
+ALL_SOURCES = sorted((COLLECTION / "filter").glob("*.py")) + sorted(MODULES.glob("*.py")) + sorted(UTILS.glob("*.py"))
 SOURCES = list(ALL_SOURCES)
 MIN_SCORE = 90.0
 KILLED = {"killed", "timeout", "caught by type check"}
 
 
+def staged(path: Path) -> Path:
+    """Where a source is staged under src/ (or lib/): the path of the module name it is imported by."""
+    return UTILS_PATH / path.name if path.parent == UTILS else Path(path.name)
+
+
+def importer(stems: set[str]) -> re.Pattern[str]:
+    """Matches an import of one of these modules: flat (``import d3_planner``, ``from d3_inputs import``,
+    ``import_module("decision")``) or by the collection's package path (``...plugins.module_utils.d3_http``,
+    ``from ansible_collections.d3fleet.fleet.plugins.filter import d3_bench``)."""
+    names = "|".join(re.escape(s) for s in sorted(stems))
+    return re.compile(
+        rf"^\s*(?:from ({names}) import|import ({names})\b)|import_module\(\"({names})\"\)"
+        rf"|d3fleet\.fleet\.plugins\.\w+(?:\.|\s+import\s+)({names})\b",
+        re.M,
+    )
+
+
 def test_files() -> list[str]:
-    """The unit test files that import one of the mutated modules (the others test playbooks and roles)."""
-    names = "|".join(re.escape(p.stem) for p in SOURCES)
-    uses = re.compile(rf"^\s*(?:from ({names}) import|import ({names})\b)|import_module\(\"({names})\"\)", re.M)
+    """The unit test files that import a mutated file, or a file of the collection that imports one (a module_utils
+    is reached through its filters and modules): the others test playbooks and roles."""
+    stems = {p.stem for p in SOURCES}
+    while True:  # the collection's files that import a mutated one, directly or not
+        uses = importer(stems)
+        more = {p.stem for p in ALL_SOURCES if p.stem not in stems and uses.search(p.read_text())}
+        if not more:
+            break
+        stems |= more
     found = []
     for path in sorted(ROOT.glob("tests/test_*.py")) + sorted(ROOT.glob("tests/contracts/test_*.py")):
         if uses.search(path.read_text()):
@@ -47,33 +85,71 @@ def test_files() -> list[str]:
     return found
 
 
+# appended to the stage's copy of tests/conftest.py: the package path of a filter or module is its flat module
+ALIAS_HOOK = '''
+
+# ---- added by tools/mutation.py (the stage only) -----------------------------------------------------------------
+import importlib as _importlib
+import sys as _sys
+import importlib.abc as _importlib_abc
+import importlib.util as _importlib_util
+
+
+class _FlatModules(_importlib_abc.MetaPathFinder, _importlib_abc.Loader):
+    """ansible_collections.d3fleet.fleet.plugins.filter.X (or .modules.X) is the module X the tests import flat, the
+    staged (mutated) copy: one module object, whatever name imports it."""
+
+    PREFIXES = ("ansible_collections.d3fleet.fleet.plugins.filter.", "ansible_collections.d3fleet.fleet.plugins.modules.")
+
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(self.PREFIXES) and name.count(".") == 5:
+            return _importlib_util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        return _importlib.import_module(spec.name.rpartition(".")[2])
+
+    def exec_module(self, module):
+        pass
+
+
+_sys.meta_path.insert(0, _FlatModules())
+'''
+
+
 def stage(tests: list[str]) -> None:
     if STAGE.exists():
         shutil.rmtree(STAGE)
     (STAGE / "src").mkdir(parents=True)
     (STAGE / "lib").mkdir()
+    # the package path's directories exist (namespace packages), empty but for the module_utils left out by --only:
+    # the tests' own sys.path entries for plugins/filter and plugins/modules find nothing there and import the
+    # staged src/ (mutated) or lib/ copies
+    for kind in ("filter", "modules", "module_utils"):
+        (STAGE / "collections" / UTILS_PATH.parent / kind).mkdir(parents=True)
     for path in SOURCES:
-        shutil.copy2(path, STAGE / "src" / path.name)
+        (STAGE / "src" / staged(path)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, STAGE / "src" / staged(path))
     for path in ALL_SOURCES:  # with --only: the other sources, importable but not mutated
         if path not in SOURCES:
-            shutil.copy2(path, STAGE / "lib" / path.name)
+            shutil.copy2(path, STAGE / ("collections" if path.parent == UTILS else "lib") / staged(path))
     shutil.copytree(ROOT / "tests", STAGE / "tests", ignore=shutil.ignore_patterns("lab", "__pycache__"))
+    with (STAGE / "tests/conftest.py").open("a") as conftest:
+        conftest.write(ALIAS_HOOK)
     shutil.copytree(ROOT / "roles", STAGE / "roles")
-    # the modules' module_utils, where the tests find them (ROOT/collections on sys.path); only module_utils, so the
-    # tests' own sys.path entries for the filters and modules find nothing there and import the (mutated) src/ copies
-    utils = "collections/ansible_collections/d3fleet/fleet/plugins/module_utils"
-    shutil.copytree(ROOT / utils, STAGE / utils, ignore=shutil.ignore_patterns("__pycache__"))
+    # the lab's vLLM simulator: test_bench_simulator runs the bench against it
+    shutil.copytree(ROOT / "lab/simulator", STAGE / "lab/simulator", ignore=shutil.ignore_patterns("__pycache__"))
     args = ", ".join(json.dumps(a) for a in ["-m", "not lab and not playbook", "-p", "no:cacheprovider", "-W", "ignore"])
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
-        'also_copy = ["roles", "lib", "collections"]\n'
+        'also_copy = ["roles", "lib", "collections", "lab"]\n'
         f"pytest_add_cli_args = [{args}]\n"
         f"pytest_add_cli_args_test_selection = [{', '.join(json.dumps(t) for t in tests)}]\n"
         "use_git_change_detection = false\n"
         "\n[tool.pytest.ini_options]\n"
         'markers = ["lab: needs the lab", "playbook: runs ansible-playbook"]\n'
-        'pythonpath = ["lib"]\n'
+        'pythonpath = ["lib", "collections"]\n'
     )
 
 
@@ -108,7 +184,7 @@ def report(elapsed: float | None) -> int:
     rows = []
     survivors: list[tuple[str, str]] = []
     for path in SOURCES:
-        meta = STAGE / "mutants/src" / (path.name + ".meta")
+        meta = STAGE / "mutants/src" / staged(path).with_suffix(".py.meta")
         if not meta.is_file():
             sys.exit(f"no mutmut results for {path.name}: run make mutation")
         status = {k: status_by_exit_code[c] for k, c in json.loads(meta.read_text())["exit_code_by_key"].items()}
@@ -126,9 +202,9 @@ def report(elapsed: float | None) -> int:
     print(f"\nmutants not killed ({len(survivors)}):")
     functions: dict[str, dict[str, list[str]]] = {}
     for name, state in survivors:
-        module, _, mutant = name.partition(".")
+        module, _, mutant = name.rpartition(".")  # module (dotted for a module_utils) . mangled function name
         if module not in functions:
-            functions[module] = function_sources(STAGE / "mutants/src" / f"{module}.py")
+            functions[module] = function_sources(STAGE / "mutants/src" / (module.replace(".", "/") + ".py"))
         orig = functions[module].get(mutant.partition("__mutmut_")[0] + "__mutmut_orig", [])
         changed = difflib.unified_diff(orig, functions[module].get(mutant, []), lineterm="", n=0)
         print(f"  {name} ({state})")

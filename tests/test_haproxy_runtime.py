@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -412,3 +413,45 @@ def test_systemctl_show_maps_blocks_to_units() -> None:
         "other": {"Id": "other"},
     }
     assert d3_rollout.systemctl_show("") == {} and d3_rollout.systemctl_show(None) == {}  # type: ignore[arg-type]
+
+
+def test_every_missing_and_every_pending_server_is_named(haproxy: FakeHAProxy) -> None:
+    gone = [{"backend": "be_d3-lite", "server": "l4-x"}, {"backend": "be_d3-nano", "server": "l4-y"}]
+    with pytest.raises(haproxy_runtime.Refusal, match=r"does not know the servers be_d3-lite/l4-x, be_d3-nano/l4-y: nothing"):
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2, *gone], state="drain"), False)
+    haproxy.scur[("be_d3-lite", "d3-lab-host2-d3-lite")] = [1]
+    haproxy.scur[("be_d3-lite", "d3-lab-host3-d3-lite")] = [2]
+    clock = Clock()
+    with pytest.raises(haproxy_runtime.Refusal, match=r"servers be_d3-lite/d3-lab-host2-d3-lite \(1 sessions\), "
+                                                      r"be_d3-lite/d3-lab-host3-d3-lite \(2 sessions\) still serve"):  # fmt: skip
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2, LITE3], state="drain", wait=True, timeout=1), False, clock,
+                            clock.sleep)  # fmt: skip
+
+
+def test_a_long_refusal_is_cut_at_200_characters(haproxy: FakeHAProxy) -> None:
+    haproxy.refuse = "x" * 250
+    with pytest.raises(haproxy_runtime.Refusal) as refused:
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain"), False)
+    assert str(refused.value).endswith("state drain` was refused: " + "x" * 200)
+
+
+def test_a_socket_that_never_answers_fails_after_connect_timeout() -> None:
+    with FakeHAProxy.started() as fake:
+        fake.close()  # nothing accepts: the connection waits in the listen backlog, HAProxy would answer
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        Path(fake.path).unlink()
+        silent.bind(fake.path)
+        silent.listen(1)
+        try:
+            with pytest.raises(haproxy_runtime.Refusal) as refused:
+                haproxy_runtime.run(params(fake.path, connect_timeout=0.2), False)
+        finally:
+            silent.close()
+    assert str(refused.value).endswith("HAProxy's runtime API does not answer `show stat`: timed out.")
+
+
+def test_downtimes_keep_values_that_hold_an_equals_sign() -> None:
+    times = [{"item": {"name": "a", "unit": "a", "new": False, "reason": "r"},
+              "stdout": "ActiveExitTimestampMonotonic=1000000=x\n"}]  # fmt: skip
+    with pytest.raises(ValueError, match="could not convert string to float: '1000000=x'"):
+        d3_rollout.rollout_downtimes(times, [{"instance": "a", "ready_monotonic": 2}])

@@ -59,7 +59,7 @@ def test_percentile_is_linear_interpolation_like_numpy() -> None:
     assert percentile([3.0, 1.0, 2.0], 0) == 1.0 and percentile([3.0, 1.0, 2.0], 100) == 3.0
     assert percentile([7.0], 99) == 7.0
     assert percentile([], 50) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^percentile 101 is not within 0-100$"):
         percentile([1.0], 101)
 
 
@@ -75,6 +75,9 @@ def test_summary_is_ordered_and_rounded() -> None:
     assert s["n"] == 4 and s["min"] == 1.0 and s["max"] == 100.0 and s["mean"] == 27.3
     assert s["min"] <= s["p50"] <= s["p95"] <= s["p99"] <= s["max"]
     assert summary([]) == {"n": 0, "mean": None, "min": None, "p50": None, "p95": None, "p99": None, "max": None}
+    # 0..100: each percentile is its own rank, so p50, p95 and p99 are those percentiles, not neighbours
+    assert summary([float(v) for v in range(101)]) == {"n": 101, "mean": 50.0, "min": 0.0, "p50": 50.0, "p95": 95.0,
+                                                      "p99": 99.0, "max": 100.0}
 
 
 def test_filter_plugin_exports() -> None:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections"))
 
 from ansible_collections.d3fleet.fleet.plugins.modules import bench_load  # noqa: E402
+from testkit import run_module  # noqa: E402
 
 SECRET = "bench-s3cret-key"
 SEEN: list[dict[str, Any]] = []
@@ -108,9 +108,7 @@ def args(url: str, **over: Any) -> dict[str, Any]:
 
 
 def run(capsys: pytest.CaptureFixture[str], **module_args: Any) -> dict[str, Any]:
-    with patch_module_args(module_args), pytest.raises(SystemExit):
-        bench_load.main()
-    return json.loads(capsys.readouterr().out)
+    return run_module(bench_load, capsys, **module_args)
 
 
 def test_records_answers_latencies_and_throughput(capsys: pytest.CaptureFixture[str], server: str) -> None:

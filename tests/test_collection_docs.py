@@ -11,8 +11,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import BIN, ansible_env
 
 ROOT = Path(__file__).resolve().parents[1]
 COLLECTION = ROOT / "collections/ansible_collections/d3fleet/fleet"
@@ -58,13 +57,10 @@ MODULES = sorted(p.stem for p in (COLLECTION / "plugins/modules").glob("*.py") i
 
 
 def _ansible_doc(*args: str) -> subprocess.Popen[str]:
-    exe = Path(sys.executable).with_name("ansible-doc")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_COLLECTIONS_PATH")}
-    env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     return subprocess.Popen(
-        [str(exe) if exe.exists() else shutil.which("ansible-doc") or "ansible-doc", *args],
+        [str(BIN / "ansible-doc"), *args],
         cwd=ROOT,
-        env=env,
+        env=ansible_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

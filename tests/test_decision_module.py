@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 from local_http import QuietHandler, serve
+from testkit import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"))
@@ -44,9 +44,7 @@ def server() -> Iterator[str]:
 
 
 def run(capsys: pytest.CaptureFixture[str], **args: Any) -> dict[str, Any]:
-    with patch_module_args(args), pytest.raises(SystemExit):
-        decision.main()
-    return json.loads(capsys.readouterr().out)
+    return run_module(decision, capsys, **args)
 
 
 class Clock:

@@ -4,14 +4,13 @@ refused with a message naming the variable and how to get the digest; controller
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from testkit import ansible_playbook
 
 pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
 
@@ -37,17 +36,8 @@ def _validate(tmp_path: Path, extra: dict) -> subprocess.CompletedProcess[str]:
     book = tmp_path / "validate.yml"
     book.write_text(PLAYBOOK)
     (tmp_path / "extra.yml").write_text(yaml.safe_dump(extra))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_NOCOLOR": "1",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    return subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", str(book), "-e", f"@{tmp_path / 'extra.yml'}"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False,
-    )  # fmt: skip
+    return ansible_playbook("-i", "localhost,", str(book), "-e", f"@{tmp_path / 'extra.yml'}", timeout=120,
+                            ANSIBLE_ROLES_PATH=str(ROOT / "roles"))  # fmt: skip
 
 
 def test_the_contract_names_its_source_and_awx_sets_no_slice_variable() -> None:

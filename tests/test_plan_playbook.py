@@ -4,7 +4,6 @@ and exits non-zero with the planner's message on every refusal."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from testkit import ansible_playbook
 
 pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
 
@@ -28,17 +28,7 @@ def run_plan(
     inventory = {"all": {"children": {"l4-nodes": {"hosts": {h: {**unreachable, **v} for h, v in hosts.items()}}}}}
     inv = tmp_path / "hosts.yml"
     inv.write_text(yaml.safe_dump(inventory))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    env["PATH"] = f"{BIN}:{env['PATH']}"
-    return subprocess.run(
-        [str(BIN / "ansible-playbook"), "playbooks/plan.yml", "-i", str(inv), *extra],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    return ansible_playbook("playbooks/plan.yml", "-i", str(inv), *extra)
 
 
 def test_plan_writes_json_and_renders_units_without_contacting_hosts(tmp_path: Path) -> None:

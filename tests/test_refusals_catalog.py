@@ -6,8 +6,6 @@ naming the host, the variable and the catalog's fragment, and a good host beside
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from refusals import Refusal, catalog
+from testkit import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -48,10 +47,7 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     hosts = {r.alias: {**GOOD, **r.bad} for r in PLAN_YML_JUDGES} | {"good_host": GOOD}
     path = tmp_path_factory.mktemp("refusals") / "hosts.yml"
     path.write_text(yaml.safe_dump({"all": {"children": {"l4-nodes": {"hosts": hosts}}}}))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")  # fmt: skip
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "playbooks/plan.yml", "-i", str(path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    proc = ansible_playbook("playbooks/plan.yml", "-i", str(path), timeout=300, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
     assert proc.returncode != 0, "plan.yml passed a catalog of bad inputs"
     found = failures(proc.stdout)
     assert "good_host" not in found, found.get("good_host")

@@ -4,13 +4,13 @@ contacts a host's roles; a slice that knows passes the check. Runs on localhost,
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import ansible_playbook
 
 pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
 
@@ -22,12 +22,9 @@ def rollout(tmp_path: Path, extra: dict[str, Any]) -> subprocess.CompletedProces
     hosts = tmp_path / "hosts.yml"
     hosts.write_text("all:\n  children:\n    l4-nodes:\n      hosts:\n        h1: {ansible_connection: local, "
                      f"ansible_python_interpreter: {sys.executable}}}\n")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_BECOME="false",
-               PATH=f"{BIN}:{os.environ['PATH']}")  # fmt: skip
     # --tags none_but_always: only the `always` check runs; no role touches this machine
-    argv = [str(BIN / "ansible-playbook"), "playbooks/rollout.yml", "-i", str(hosts), "--tags", "none_but_always",
-            "-e", "ansible_become=false", "-e", json.dumps(extra)]  # fmt: skip
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return ansible_playbook("playbooks/rollout.yml", "-i", str(hosts), "--tags", "none_but_always", "-e", "ansible_become=false",
+                            "-e", json.dumps(extra), timeout=300, ANSIBLE_BECOME="false")  # fmt: skip
 
 
 @pytest.mark.parametrize("extra", [

@@ -6,7 +6,6 @@ line by line; the role's refusal of an l4 host this run did not plan; and HAProx
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 import yaml
 from d3_planner import d3_plan
 from l4 import l4_gpus
+from testkit import ansible_playbook
 
 pytestmark = pytest.mark.playbook
 
@@ -46,9 +46,7 @@ def render(tmp: Path, l4_hosts: dict[str, Any], router_vars: dict[str, Any] | No
             {"ansible.builtin.copy": {"content": "{{ {'models': d3_router_models, 'servers': d3_router_servers} | to_json }}",
                                       "dest": str(tmp / "facts.json"), "mode": "0644"}},
         ]}]))  # fmt: skip
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
-    return subprocess.run([str(BIN / "ansible-playbook"), str(tmp / "render.yml"), "-i", str(tmp / "hosts.yml")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    return ansible_playbook(str(tmp / "render.yml"), "-i", str(tmp / "hosts.yml"))
 
 
 @pytest.fixture(scope="module")

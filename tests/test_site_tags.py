@@ -3,13 +3,12 @@ the disk check first (tag `always`), so bad input is refused before any change w
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from testkit import ansible_playbook
 
 pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
 
@@ -18,9 +17,7 @@ BIN = Path(sys.executable).parent
 
 
 def listed_tasks(*args: str) -> list[tuple[str, set[str]]]:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/example", "--list-tasks", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = ansible_playbook("site.yml", "-i", "inventories/example", "--list-tasks", *args, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tasks = []
     for line in proc.stdout.splitlines():
@@ -67,14 +64,12 @@ def test_a_partial_run_validates_every_role_s_arguments(tmp_path: Path, tags: st
     play = tmp_path / "specs.yml"
     roles = ["d3_preflight", "d3", "nvidia_toolkit", "podman", "d3_image", "d3_weights", "d3_units", "d3_smoke",
              "d3_state", "d3_router"]  # fmt: skip
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
     hosts = tmp_path / "hosts.yml"
     hosts.write_text("all:\n  children:\n    l4-nodes:\n      hosts:\n        h1: {ansible_connection: local}\n")
     # only the argument-spec validation of each role: a play that imports every role with a tag none of them has
     play.write_text("- hosts: l4-nodes\n  gather_facts: false\n  tasks:\n" + "".join(
         f"    - ansible.builtin.import_role: {{name: {r}}}\n      tags: [{tags}_not_this]\n" for r in roles))
-    proc = subprocess.run([str(BIN / "ansible-playbook"), str(play), "-i", str(hosts), "--tags", tags], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = ansible_playbook(str(play), "-i", str(hosts), "--tags", tags, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "Validating arguments against arg spec" in proc.stdout
     for role in roles:  # each role's own validation task ran, not only one of them

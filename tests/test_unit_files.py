@@ -7,7 +7,6 @@ on first use); the comparison of the two styles needs only plan.yml (unit suite)
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from testkit import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -31,12 +31,9 @@ def render_units(tmp: Path, hosts: dict[str, dict]) -> subprocess.CompletedProce
     unreachable = {"ansible_host": "192.0.2.1", "ansible_port": 1}
     inventory = {"all": {"children": {"l4-nodes": {"hosts": {h: {**unreachable, **v} for h, v in hosts.items()}}}}}
     (tmp / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}",
-               ANSIBLE_CALLBACK_RESULT_FORMAT="json")  # the printed plan read back exactly (printed_podman_runs)
-    return subprocess.run(
-        [str(BIN / "ansible-playbook"), "playbooks/plan.yml", "-i", str(tmp / "hosts.yml"), "-e", f"d3_units_render_dir={tmp / 'out'}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+    # the printed plan read back exactly (printed_podman_runs)
+    return ansible_playbook("playbooks/plan.yml", "-i", str(tmp / "hosts.yml"), "-e", f"d3_units_render_dir={tmp / 'out'}",
+                            ANSIBLE_CALLBACK_RESULT_FORMAT="json")  # fmt: skip
 
 
 def podman(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:

@@ -4,12 +4,11 @@ validation runs before anything is written; plan.yml's previews go through it to
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from testkit import ansible_playbook
 
 pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
 
@@ -24,9 +23,7 @@ PLAY = """- hosts: localhost
 def validate(tmp_path: Path, extra: dict[str, object]) -> subprocess.CompletedProcess[str]:
     play = tmp_path / "validate.yml"
     play.write_text(PLAY)
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_ROLES_PATH=str(ROOT / "roles"))
-    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(play), "-e", json.dumps(extra)]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return ansible_playbook("-i", "localhost,", str(play), "-e", json.dumps(extra), timeout=120, ANSIBLE_ROLES_PATH=str(ROOT / "roles"))
 
 
 @pytest.mark.parametrize(

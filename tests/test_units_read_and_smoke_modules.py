@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 import pytest
 import yaml
-from ansible.module_utils.testing import patch_module_args
 from local_http import QuietHandler, serve
+from testkit import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"))
@@ -31,10 +31,7 @@ d3_host = importlib.import_module("d3_host")  # the filter plugin (tests/conftes
 SECRET = "k3y-never-shown"
 
 
-def run(module: Any, capsys: pytest.CaptureFixture[str], **args: Any) -> dict[str, Any]:
-    with patch_module_args(args), pytest.raises(SystemExit):
-        module.main()
-    return json.loads(capsys.readouterr().out)
+run = run_module
 
 
 # --- units_read -----------------------------------------------------------------------------------------------------

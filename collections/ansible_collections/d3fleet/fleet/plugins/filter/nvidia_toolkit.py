@@ -9,6 +9,7 @@ the primary key's).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 
@@ -16,8 +17,7 @@ def gpg_primary_keys(colons: str) -> dict[str, Any]:
     """{count: the ``pub`` records, fingerprints: the ``fpr`` right after each ``pub`` (upper case)}. Only an ``fpr``
     whose record directly follows a ``pub`` counts: a subkey's, or one after another record, is not a primary key's."""
     records = [line.split(":") for line in colons.splitlines()]
-    previous = [[""], *records]
-    fingerprints = [r[9].upper() for before, r in zip(previous, records, strict=False) if before[0] == "pub" and r[0] == "fpr"]
+    fingerprints = [r[9].upper() for before, r in pairwise(records) if before[0] == "pub" and r[0] == "fpr"]
     return {"count": sum(r[0] == "pub" for r in records), "fingerprints": fingerprints}
 
 

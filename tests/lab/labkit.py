@@ -92,7 +92,10 @@ def wait_for_port(port: int, timeout: float = 10, what: str = "") -> None:
 
 
 def podman(*args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=check)
+    """podman on this machine, output captured; check=True fails on a non-zero exit, showing the command's output."""
+    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    assert not check or proc.returncode == 0, f"podman {' '.join(args)}: rc={proc.returncode}\nstdout:{proc.stdout}\nstderr:{proc.stderr}"
+    return proc
 
 
 def podman_json(*args: str) -> Any:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import labkit
 import pytest
 import yaml
 from labkit import wait_until
@@ -277,7 +278,7 @@ def test_nvidia_ctk_generate_and_list(unpacked: Path, tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- lab (containers)
 def podman(*args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-    return run("podman", *args, check=check, timeout=timeout)
+    return labkit.podman(*args, check=check, timeout=timeout)
 
 
 def image_exists(name: str) -> bool:

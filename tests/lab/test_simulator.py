@@ -19,7 +19,6 @@ import hashlib
 import importlib.util
 import json
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from labkit import wait_until
+from labkit import free_port, podman, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "lab" / "simulator"
@@ -199,16 +198,6 @@ def test_cuda_visible_devices_subset_and_order(sim: ModuleType) -> None:
 class Run:
     rc: int
     out: str
-
-
-def podman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(method: str, url: str, body: Any = None, key: str | None = None) -> tuple[int, bytes]:

@@ -48,7 +48,9 @@ def addresses(lab_hosts: list[labkit.LabHost], converge_run: Run) -> dict[str, s
     assert set(HOSTS) <= names, f"the lab lacks {set(HOSTS) - names}: run `make lab`"
     out = {h: labkit.on_host(h, LISTENERS).strip().splitlines()[-1] for h in HOSTS}
     yield out
-    firewall(None, enabled=False)
+    # the test ends with the firewall off; a failure before that must not leave it on for the later tests
+    if any("d3_fleet" in labkit.on_host(h, "nft list tables", check=False) for h in HOSTS):
+        firewall(None, enabled=False)
     for h in HOSTS:
         labkit.on_host(h, STOP, check=False)
 
@@ -90,12 +92,3 @@ def test_only_allowed_clients_reach_the_model_ports(addresses: dict[str, str]) -
         assert "d3_fleet" not in labkit.on_host(host, "nft list tables")
         assert labkit.on_host(host, "test -e /etc/systemd/system/d3-firewall.service", check=False) == ""
         assert reach(host, f"http://{addr}:{PLANNED_PORT}/v1/models"), host
-
-
-def test_a_client_entry_that_is_not_an_ip_network_is_refused_before_any_change() -> None:
-    run = firewall(["10.0.0.0/24", "10.1.0.0/16\nExecStartPre=/bin/sh"])
-    assert run.rc != 0
-    text = run.failure_text()
-    for host in HOSTS:
-        assert f"{host}: bad firewall input" in text and "d3_allowed_clients[1]" in text, text
-        assert not run.changed_tasks(host), run.changed_tasks(host)

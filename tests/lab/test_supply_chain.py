@@ -43,12 +43,9 @@ def test_lab_hosts_fetch_the_key_over_https_with_the_lab_ca(host: str) -> None:
             {"nvidia_toolkit_key_fingerprint": WRONG},
             ["nvidia_toolkit_key_fingerprint", f"the inventory pins {WRONG}", "it has fingerprint"],
         ),
-        (
-            {"nvidia_toolkit_key_url": "http://lab-apt:8081/gpgkey"},
-            ["nvidia_toolkit_key_url=", "http://lab-apt:8081/gpgkey", "want an https:// URL"],
-        ),
+        # (a key URL that is not https is refused in the read-only head: docs/refusals.md row key-url-http)
     ],
-    ids=["wrong-fingerprint", "http-key-url"],
+    ids=["wrong-fingerprint"],
 )
 def test_a_key_that_is_not_pinned_or_not_https_is_refused_before_any_change(host: str, extra: dict[str, str], needles: list[str]) -> None:
     before = labkit.on_host(host, SNAPSHOT)

@@ -100,8 +100,10 @@ test-static: venv
 	$(call timed,lint,$(MAKE) -j1 lint)
 	$(call timed,unit,$(MAKE) -j1 unit)
 
+# the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes
 test-lab-up: venv
-	$(call timed,lab,$(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS))
+	$(call timed,lab,ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 \
+	  $(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS))
 
 # $(call timed,NAME,COMMAND): run COMMAND; append "NAME<TAB>seconds<TAB>exit status" to $(TIMING); keep its status.
 TIMING := $(BUILD)/timing.tsv

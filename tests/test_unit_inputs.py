@@ -1,61 +1,60 @@
 """d3_units refuses inventory values that would reach a unit file as text with a newline or a shell word (the
-validation runs before anything is written; plan.yml's previews go through it too)."""
+validation runs before anything is written; plan.yml's previews go through it too). One run: each case is a local
+alias of this machine with its own bad value (testkit.aliased_run)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
+from typing import Any
 
 import pytest
-from testkit import ansible_playbook
+from testkit import aliased_run
 
-pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
+pytestmark = pytest.mark.playbook  # the cases share one ansible-playbook run (tests/conftest.py enforces the marker)
 
-ROOT = Path(__file__).resolve().parents[1]
-PLAY = """- hosts: localhost
+PLAY = """- hosts: all
   gather_facts: false
   tasks:
     - ansible.builtin.import_role: {name: d3_units, tasks_from: validate.yml}
 """
+INJECTING = [
+    {"d3_units_cdi_unit": "x.service\n[Service]\nExecStartPre=/bin/sh -c id"},
+    {"d3_units_cdi_unit": "nvidia-cdi-refresh.service\n"},
+    {"d3_units_wait_ready": "/usr/local/bin/x; rm -rf /"},
+    {"d3_units_wait_ready": "relative/path"},
+    {"d3_units_start_timeout_s": "900\nExecStartPre=/bin/true"},
+    {"d3_units_start_timeout_s": "900\n"},
+    {"d3_units_restart_sec": "10\nExecStartPre=/bin/true"},
+    {"d3_units_api_key_secret": "d3-api-key\n[Service]"},
+    {"d3_units_api_key_secret": "a b"},
+    {"d3_units_api_key_fingerprint_file": "/var/lib/d3/x\n"},
+]
+KEYS = ["zq1 zq2", "zq3\nzq4", "zq5\tzq6"]
 
 
-def validate(tmp_path: Path, extra: dict[str, object]) -> subprocess.CompletedProcess[str]:
-    play = tmp_path / "validate.yml"
-    play.write_text(PLAY)
-    return ansible_playbook("-i", "localhost,", str(play), "-e", json.dumps(extra), timeout=120, ANSIBLE_ROLES_PATH=str(ROOT / "roles"))
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    base = {"d3_units_image_ref": "x"}
+    hosts = {f"inject_{i}": {**base, **extra} for i, extra in enumerate(INJECTING)}
+    hosts |= {f"key_{i}": {**base, "d3_units_api_key": key} for i, key in enumerate(KEYS)}
+    hosts["good"] = {**base, "d3_units_cdi_unit": "nvidia-cdi-refresh.service"}
+    return aliased_run(tmp_path_factory.mktemp("unit-inputs"), PLAY, hosts)
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"d3_units_cdi_unit": "x.service\n[Service]\nExecStartPre=/bin/sh -c id"},
-        {"d3_units_cdi_unit": "nvidia-cdi-refresh.service\n"},
-        {"d3_units_wait_ready": "/usr/local/bin/x; rm -rf /"},
-        {"d3_units_wait_ready": "relative/path"},
-        {"d3_units_start_timeout_s": "900\nExecStartPre=/bin/true"},
-        {"d3_units_start_timeout_s": "900\n"},
-        {"d3_units_restart_sec": "10\nExecStartPre=/bin/true"},
-        {"d3_units_api_key_secret": "d3-api-key\n[Service]"},
-        {"d3_units_api_key_secret": "a b"},
-        {"d3_units_api_key_fingerprint_file": "/var/lib/d3/x\n"},
-    ],
-)
-def test_injecting_values_are_refused(tmp_path: Path, extra: dict[str, object]) -> None:
-    proc = validate(tmp_path, {"d3_units_image_ref": "x", **extra})
-    assert proc.returncode != 0
-    (name,) = extra
-    assert "Fix the inventory" in proc.stdout and f"host localhost: {name} = " in proc.stdout, proc.stdout[-2000:]
+@pytest.mark.parametrize("case", range(len(INJECTING)), ids=[next(iter(e)) for e in INJECTING])
+def test_injecting_values_are_refused(results: dict[str, dict[str, Any]], case: int) -> None:
+    got = results[f"inject_{case}"]
+    (name,) = INJECTING[case]
+    assert got["failed"], got
+    assert "Fix the inventory" in got["text"] and f"host inject_{case}: {name} = " in got["text"], got["text"]
 
 
-def test_the_defaults_and_a_refresh_unit_pass(tmp_path: Path) -> None:
-    proc = validate(tmp_path, {"d3_units_image_ref": "x", "d3_units_cdi_unit": "nvidia-cdi-refresh.service"})
-    assert proc.returncode == 0, proc.stdout
+def test_the_defaults_and_a_refresh_unit_pass(results: dict[str, dict[str, Any]]) -> None:
+    assert not results["good"]["failed"], results["good"]["text"]
 
 
-@pytest.mark.parametrize("key", ["zq1 zq2", "zq3\nzq4", "zq5\tzq6"])
-def test_an_api_key_a_secret_cannot_hold_is_refused_without_showing_it(tmp_path: Path, key: str) -> None:
-    proc = validate(tmp_path, {"d3_units_image_ref": "x", "d3_units_api_key": key})
-    assert proc.returncode != 0
-    assert "d3_units_api_key contains whitespace or a control character (not shown: it is a secret)" in proc.stdout
-    assert "zq" not in proc.stdout + proc.stderr
+@pytest.mark.parametrize("case", range(len(KEYS)))
+def test_an_api_key_a_secret_cannot_hold_is_refused_without_showing_it(results: dict[str, dict[str, Any]], case: int) -> None:
+    got = results[f"key_{case}"]
+    assert got["failed"], got
+    assert "d3_units_api_key contains whitespace or a control character (not shown: it is a secret)" in got["text"]
+    assert "zq" not in results["_stdout"]["text"]

@@ -1,40 +1,36 @@
-"""d3_firewall refuses, in its read-only preflight, a rules file path that would reach d3-firewall.service's
-ExecStart=/ExecReload= with a newline or a shell word (before anything changes on the host)."""
+"""d3_firewall refuses a rules file path that would reach its unit file as text with a newline or a shell word
+(preflight, before anything is written). One run: each case is a local alias with its own path (testkit.aliased_run)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
+from typing import Any
 
 import pytest
-from testkit import ansible_playbook
+from testkit import aliased_run
 
-pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
+pytestmark = pytest.mark.playbook  # the cases share one ansible-playbook run (tests/conftest.py enforces the marker)
 
-ROOT = Path(__file__).resolve().parents[1]
-PLAY = """- hosts: localhost
+PLAY = """- hosts: all
   gather_facts: false
   tasks:
     - ansible.builtin.import_role: {name: d3_firewall, tasks_from: preflight.yml}
 """
+PATHS = ["/etc/d3-fleet/x.nft\nExecStartPre=/bin/sh -c id", "/etc/d3-fleet/x.nft\n", "/etc/x.nft; rm -rf /", "x.nft"]
 
 
-def preflight(tmp_path: Path, extra: dict[str, object]) -> subprocess.CompletedProcess[str]:
-    play = tmp_path / "preflight.yml"
-    play.write_text(PLAY)
-    return ansible_playbook("-i", "localhost,", str(play), "-e", json.dumps(extra), timeout=120, ANSIBLE_ROLES_PATH=str(ROOT / "roles"))
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    hosts: dict[str, dict[str, Any]] = {f"path_{i}": {"d3_firewall_rules_file": p} for i, p in enumerate(PATHS)}
+    hosts["default"] = {}
+    return aliased_run(tmp_path_factory.mktemp("firewall-inputs"), PLAY, hosts)
 
 
-@pytest.mark.parametrize(
-    "path", ["/etc/d3-fleet/x.nft\nExecStartPre=/bin/sh -c id", "/etc/d3-fleet/x.nft\n", "/etc/x.nft; rm -rf /", "x.nft"]
-)
-def test_a_rules_file_that_could_inject_is_refused(tmp_path: Path, path: str) -> None:
-    proc = preflight(tmp_path, {"d3_firewall_rules_file": path})
-    assert proc.returncode != 0
-    assert "host localhost: d3_firewall_rules_file = " in proc.stdout and "Fix the inventory" in proc.stdout, proc.stdout[-2000:]
+@pytest.mark.parametrize("case", range(len(PATHS)))
+def test_a_rules_file_that_could_inject_is_refused(results: dict[str, dict[str, Any]], case: int) -> None:
+    got = results[f"path_{case}"]
+    assert got["failed"], got
+    assert f"host path_{case}: d3_firewall_rules_file = " in got["text"] and "Fix the inventory" in got["text"], got["text"]
 
 
-def test_the_default_rules_file_passes(tmp_path: Path) -> None:
-    proc = preflight(tmp_path, {})
-    assert proc.returncode == 0, proc.stdout[-2000:]
+def test_the_default_rules_file_passes(results: dict[str, dict[str, Any]]) -> None:
+    assert results["default"]["failed"] == [], results["default"]["text"]

@@ -5,12 +5,12 @@ refused with a message naming the variable and how to get the digest; controller
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from testkit import ansible_playbook
+from testkit import aliased_run
 
 pytestmark = pytest.mark.playbook  # every test here runs ansible-playbook (tests/conftest.py enforces it)
 
@@ -21,8 +21,7 @@ DIGEST = "sha256:" + "ab" * 32
 
 PLAYBOOK = """
 - name: The image role's input checks only
-  hosts: localhost
-  connection: local
+  hosts: all
   gather_facts: false
   tasks:
     - name: Validate
@@ -30,14 +29,21 @@ PLAYBOOK = """
         name: d3_image
         tasks_from: validate.yml
 """
+# each case is a local alias with its own variables, all in one run (testkit.aliased_run)
+CASES = {
+    "sliced-unpinned": {"d3_image_slice_count": 2, "d3_image_slice_number": 1},
+    "unsliced": {},
+    "one-slice": {"d3_image_slice_count": 1},
+    "sliced-pinned": {"d3_image_slice_count": 3, "d3_image_slice_number": 2, "d3_image_digest": DIGEST},
+    "zero-slices": {"d3_image_slice_count": 0},
+    "number-above-count": {"d3_image_slice_count": 2, "d3_image_slice_number": 3, "d3_image_digest": DIGEST},
+    "not-a-number": {"d3_image_slice_count": "two"},
+}
 
 
-def _validate(tmp_path: Path, extra: dict) -> subprocess.CompletedProcess[str]:
-    book = tmp_path / "validate.yml"
-    book.write_text(PLAYBOOK)
-    (tmp_path / "extra.yml").write_text(yaml.safe_dump(extra))
-    return ansible_playbook("-i", "localhost,", str(book), "-e", f"@{tmp_path / 'extra.yml'}", timeout=120,
-                            ANSIBLE_ROLES_PATH=str(ROOT / "roles"))  # fmt: skip
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return aliased_run(tmp_path_factory.mktemp("image-slicing"), PLAYBOOK, {k.replace("-", "_"): v for k, v in CASES.items()})
 
 
 def test_the_contract_names_its_source_and_awx_sets_no_slice_variable() -> None:
@@ -57,37 +63,22 @@ def test_validate_relies_on_no_awx_variable_that_does_not_exist() -> None:
     assert CONTRACT["d3_fleet_contract"]["requires_when_sliced"] in text
 
 
-def test_a_sliced_run_without_a_pinned_digest_is_refused(tmp_path: Path) -> None:
-    proc = _validate(tmp_path, {"d3_image_slice_count": 2, "d3_image_slice_number": 1})
-    assert proc.returncode != 0, proc.stdout
-    out = proc.stdout
-    assert "Refuse a sliced run without a pinned image digest" in out
+def test_a_sliced_run_without_a_pinned_digest_is_refused(results: dict[str, dict[str, Any]]) -> None:
+    got = results["sliced_unpinned"]
+    assert got["failed"] == ["d3_image : Refuse a sliced run without a pinned image digest"], got
+    out = got["text"]
     assert "one of 2 slices (d3_image_slice_count)" in out
     assert "d3_image_digest is empty" in out
     assert "skopeo inspect --no-tags --format '{{.Digest}}' docker://docker.io/vllm/vllm-openai:nightly" in out
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {},  # not sliced
-        {"d3_image_slice_count": 1},
-        {"d3_image_slice_count": 3, "d3_image_slice_number": 2, "d3_image_digest": DIGEST},
-    ],
-    ids=["unsliced", "one-slice", "sliced-pinned"],
-)
-def test_unsliced_or_pinned_runs_pass(tmp_path: Path, extra: dict) -> None:
-    proc = _validate(tmp_path, extra)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+@pytest.mark.parametrize("case", ["unsliced", "one-slice", "sliced-pinned"])
+def test_unsliced_or_pinned_runs_pass(results: dict[str, dict[str, Any]], case: str) -> None:
+    got = results[case.replace("-", "_")]
+    assert got["failed"] == [], got["text"]
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [{"d3_image_slice_count": 0}, {"d3_image_slice_count": 2, "d3_image_slice_number": 3, "d3_image_digest": DIGEST},
-     {"d3_image_slice_count": "two"}],
-    ids=["zero-slices", "number-above-count", "not-a-number"],
-)  # fmt: skip
-def test_a_bad_slice_count_or_number_is_refused(tmp_path: Path, extra: dict) -> None:
-    proc = _validate(tmp_path, extra)
-    assert proc.returncode != 0, proc.stdout
-    assert "Refuse a bad slice count or slice number" in proc.stdout
+@pytest.mark.parametrize("case", ["zero-slices", "number-above-count", "not-a-number"])
+def test_a_bad_slice_count_or_number_is_refused(results: dict[str, dict[str, Any]], case: str) -> None:
+    got = results[case.replace("-", "_")]
+    assert got["failed"] == ["d3_image : Refuse a bad slice count or slice number"], got

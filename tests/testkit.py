@@ -44,21 +44,23 @@ def run_module(module: Any, capsys: pytest.CaptureFixture[str], **args: Any) -> 
 
 def aliased_run(tmp: Path, play: str, hosts: dict[str, dict[str, Any]], **env: str) -> dict[str, dict[str, Any]]:
     """One ansible-playbook run of `play` over local aliases of this machine (each alias: its own host variables, e.g.
-    one bad input each), instead of one run per case. Per alias: `failed` (a task failed on it), `text` (every message
-    and output it got, loop items included) and `changed` (tasks that changed). The whole output: key `_stdout`."""
+    one bad input each), instead of one run per case. Per alias: `failed` (the names of the tasks that failed on it),
+    `text` (every message and output it got, loop items included) and `changed` (the names of the tasks that changed).
+    The whole output: key `_stdout`."""
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     (tmp / "hosts.json").write_text(json.dumps({"all": {"hosts": {a: {**local, **v} for a, v in hosts.items()}}}))
     (tmp / "play.yml").write_text(play)
     proc = ansible_playbook(str(tmp / "play.yml"), "-i", str(tmp / "hosts.json"), "--forks", "20", timeout=300,
                             ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_ROLES_PATH=str(ROOT / "roles"), **env)  # fmt: skip
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
-    out: dict[str, dict[str, Any]] = {a: {"failed": False, "text": "", "changed": []} for a in hosts}
+    out: dict[str, dict[str, Any]] = {a: {"failed": [], "text": "", "changed": []} for a in hosts}
     for play_result in report["plays"]:
         for task in play_result["tasks"]:
             for alias, res in task["hosts"].items():
                 texts = [res, *(res.get("results") or [])]
                 out[alias]["text"] += " ".join(str(r.get(k, "")) for r in texts for k in ("msg", "stdout", "stderr")) + " "
-                out[alias]["failed"] |= bool(res.get("failed"))
+                if res.get("failed"):
+                    out[alias]["failed"].append(task["task"]["name"])
                 if res.get("changed"):
                     out[alias]["changed"].append(task["task"]["name"])
     out["_stdout"] = {"text": proc.stdout + proc.stderr}

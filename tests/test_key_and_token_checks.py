@@ -1,36 +1,40 @@
 """Supply chain checks that need no lab: the NVIDIA repository key pinned by fingerprint (key.yml: exactly one
 key, its fingerprint equal to nvidia_toolkit_key_fingerprint, read with gpg on the controller), the https-only
 key URL (nvidia_toolkit preflight) and no Hugging Face token to an http:// endpoint (d3_weights preflight).
-Each runs the role's own task file against localhost; the keys are generated here with gpg."""
+The roles' own task files run against local aliases of this machine, one alias per case, all in one run
+(testkit.aliased_run); the keys are generated here with gpg. The key's parsing itself: tests/test_nvidia_toolkit_key.py."""
 
 from __future__ import annotations
 
 import functools
 import http.server
-import json
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from testkit import ROOT, aliased_run
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.playbook  # the cases share one ansible-playbook run (tests/conftest.py enforces the marker)
 
-
-def play(tmp_path: Path, tasks_from: str, role: str, extra: dict[str, object]) -> subprocess.CompletedProcess[str]:
-    book = tmp_path / "play.yml"
-    book.write_text(
-        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
-        f"    - ansible.builtin.import_role: {{name: {role}, tasks_from: {tasks_from}}}\n"
-    )
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_ROLES_PATH=str(ROOT / "roles"))
-    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(book),
-            "-e", json.dumps({"ansible_python_interpreter": sys.executable, **extra})]  # fmt: skip
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False)
+PLAY = """
+- hosts: key_*
+  gather_facts: false
+  tasks:
+    - ansible.builtin.import_role: {name: nvidia_toolkit, tasks_from: key.yml}
+- hosts: toolkit_*
+  gather_facts: false
+  tasks:
+    - ansible.builtin.import_role: {name: nvidia_toolkit, tasks_from: preflight.yml}
+- hosts: weights_*
+  gather_facts: false
+  tasks:
+    - ansible.builtin.import_role: {name: d3_weights, tasks_from: preflight.yml}
+"""
 
 
 def gen_key(home: Path, uid: str) -> tuple[str, str]:
@@ -65,84 +69,93 @@ def served(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, tuple[str, 
     server.shutdown()
 
 
-def key_check(tmp_path: Path, url: str, fingerprint: str) -> subprocess.CompletedProcess[str]:
-    # key.yml itself only reads; the https rule is preflight.yml's (tested below), so a plain local server is fine here
-    return play(tmp_path, "key.yml", "nvidia_toolkit", {"nvidia_toolkit_key_url": url, "nvidia_toolkit_key_fingerprint": fingerprint})
-
-
-@pytest.mark.playbook
-def test_the_pinned_key_passes(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
-    proc = key_check(tmp_path, f"{served}/a.asc", keys["a"][1])
-    assert proc.returncode == 0, proc.stdout
-    assert "changed=0" in proc.stdout
-
-
-@pytest.mark.playbook
-def test_a_fingerprint_with_spaces_and_lower_case_passes(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
-    fpr = keys["a"][1].lower()
-    spaced = " ".join(fpr[i : i + 4] for i in range(0, 40, 4))
-    assert key_check(tmp_path, f"{served}/a.asc", spaced).returncode == 0
-
-
-@pytest.mark.playbook
-def test_another_key_is_refused_naming_both_fingerprints(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
-    proc = key_check(tmp_path, f"{served}/b.asc", keys["a"][1])
-    assert proc.returncode != 0
-    out = " ".join(proc.stdout.split())
-    assert f"it has fingerprint {keys['b'][1]}, the inventory pins {keys['a'][1]}" in out
-    assert "localhost:" in out and "nvidia_toolkit_key_fingerprint" in out and "nvidia_toolkit_key_url" in out
-
-
-@pytest.mark.playbook
-def test_two_keys_in_one_file_are_refused(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
-    proc = key_check(tmp_path, f"{served}/both.asc", keys["a"][1])
-    assert proc.returncode != 0
-    assert "it holds 2 keys" in " ".join(proc.stdout.split())
-
-
-@pytest.mark.playbook
-def test_a_file_that_is_not_an_armored_key_is_refused(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
-    proc = key_check(tmp_path, f"{served}/portal.html", keys["a"][1])
-    assert proc.returncode != 0
-    assert "did not return an ASCII-armored PGP public key" in " ".join(proc.stdout.split())
-
-
-@pytest.mark.playbook
-def test_an_unreachable_url_without_an_installed_key_is_refused(tmp_path: Path, served: str, keys: dict[str, tuple[str, str]]) -> None:
-    proc = key_check(tmp_path, f"{served}/missing.asc", keys["a"][1])
-    assert proc.returncode != 0
-    assert "cannot fetch the NVIDIA repository key" in " ".join(proc.stdout.split())
-
-
 PREFLIGHT_BASE = {
     "nvidia_toolkit_gpus": [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA L4", "driver_version": "580.95.05"}],
 }
+GOOD_FPR = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+GOOD_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
+BAD_KEY_INPUTS = [
+    ("http://nvidia.github.io/libnvidia-container/gpgkey", GOOD_FPR),
+    ("ftp://nvidia.github.io/gpgkey", GOOD_FPR),
+    (GOOD_URL + "\n", GOOD_FPR),
+    (GOOD_URL, "F796ECB0"),
+    (GOOD_URL, GOOD_FPR + "\n"),
+    (GOOD_URL, ""),
+]
+TOKEN_PASSES = [("http://hf-mirror.example:8090", ""), ("https://hf-mirror.example", "T"), ("", "T")]
 
 
-@pytest.mark.playbook
-@pytest.mark.parametrize(
-    ("url", "fingerprint"),
-    [
-        ("http://nvidia.github.io/libnvidia-container/gpgkey", "C95B321B61E88C1809C4F759DDCAE044F796ECB0"),
-        ("ftp://nvidia.github.io/gpgkey", "C95B321B61E88C1809C4F759DDCAE044F796ECB0"),
-        ("https://nvidia.github.io/libnvidia-container/gpgkey\n", "C95B321B61E88C1809C4F759DDCAE044F796ECB0"),
-        ("https://nvidia.github.io/libnvidia-container/gpgkey", "F796ECB0"),
-        ("https://nvidia.github.io/libnvidia-container/gpgkey", "C95B321B61E88C1809C4F759DDCAE044F796ECB0\n"),
-        ("https://nvidia.github.io/libnvidia-container/gpgkey", ""),
-    ],
-)
-def test_preflight_refuses_a_key_url_that_is_not_https_or_a_bad_fingerprint(tmp_path: Path, url: str, fingerprint: str) -> None:
-    proc = play(tmp_path, "preflight.yml", "nvidia_toolkit",
-                {**PREFLIGHT_BASE, "nvidia_toolkit_key_url": url, "nvidia_toolkit_key_fingerprint": fingerprint})  # fmt: skip
-    assert proc.returncode != 0
-    out = " ".join(proc.stdout.split())
-    assert "localhost: bad nvidia_toolkit input" in out and "nvidia_toolkit_key_url=" in out and "Fix the inventory" in out
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, served: str, keys: dict[str, tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("key-and-token")
+    token = tmp / "token"
+    token.write_text("hf_x\n")
+    os.chmod(token, 0o600)
+    fpr = keys["a"][1].lower()
+    key = {"key_pinned": (f"{served}/a.asc", keys["a"][1]),
+           "key_spaced": (f"{served}/a.asc", " ".join(fpr[i : i + 4] for i in range(0, 40, 4))),
+           "key_other": (f"{served}/b.asc", keys["a"][1]),
+           "key_two": (f"{served}/both.asc", keys["a"][1]),
+           "key_portal": (f"{served}/portal.html", keys["a"][1]),
+           "key_missing": (f"{served}/missing.asc", keys["a"][1])}  # fmt: skip
+    # key.yml itself only reads; the https rule is preflight.yml's (the toolkit_ aliases), so a plain local server is fine
+    hosts = {a: {"nvidia_toolkit_key_url": u, "nvidia_toolkit_key_fingerprint": f} for a, (u, f) in key.items()}
+    hosts |= {f"toolkit_bad_{i}": {**PREFLIGHT_BASE, "nvidia_toolkit_key_url": u, "nvidia_toolkit_key_fingerprint": f}
+              for i, (u, f) in enumerate(BAD_KEY_INPUTS)}  # fmt: skip
+    hosts["toolkit_defaults"] = PREFLIGHT_BASE
+    weights = {"d3_weights_models": []}
+    hosts["weights_token_http"] = {**weights, "d3_weights_hf_endpoint": "http://hf-mirror.example:8090",
+                                   "d3_weights_token_file": str(token)}  # fmt: skip
+    hosts |= {f"weights_pass_{i}": {**weights, "d3_weights_hf_endpoint": e, "d3_weights_token_file": str(token) if t else ""}
+              for i, (e, t) in enumerate(TOKEN_PASSES)}  # fmt: skip
+    return aliased_run(tmp, PLAY, hosts)
 
 
-@pytest.mark.playbook
-def test_preflight_passes_the_defaults(tmp_path: Path) -> None:
-    proc = play(tmp_path, "preflight.yml", "nvidia_toolkit", PREFLIGHT_BASE)
-    assert proc.returncode == 0, proc.stdout
+def text(got: dict[str, Any]) -> str:
+    return " ".join(got["text"].split())
+
+
+def test_the_pinned_key_passes(results: dict[str, dict[str, Any]]) -> None:
+    assert results["key_pinned"]["failed"] == [], text(results["key_pinned"])
+    assert results["key_pinned"]["changed"] == []
+
+
+def test_a_fingerprint_with_spaces_and_lower_case_passes(results: dict[str, dict[str, Any]]) -> None:
+    assert results["key_spaced"]["failed"] == [], text(results["key_spaced"])
+
+
+def test_another_key_is_refused_naming_both_fingerprints(results: dict[str, dict[str, Any]], keys: dict[str, tuple[str, str]]) -> None:
+    got = results["key_other"]
+    assert got["failed"], got
+    out = text(got)
+    assert f"it has fingerprint {keys['b'][1]}, the inventory pins {keys['a'][1]}" in out
+    assert "key_other:" in out and "nvidia_toolkit_key_fingerprint" in out and "nvidia_toolkit_key_url" in out
+
+
+def test_two_keys_in_one_file_are_refused(results: dict[str, dict[str, Any]]) -> None:
+    assert results["key_two"]["failed"] and "it holds 2 keys" in text(results["key_two"])
+
+
+def test_a_file_that_is_not_an_armored_key_is_refused(results: dict[str, dict[str, Any]]) -> None:
+    got = results["key_portal"]
+    assert got["failed"] and "did not return an ASCII-armored PGP public key" in text(got)
+
+
+def test_an_unreachable_url_without_an_installed_key_is_refused(results: dict[str, dict[str, Any]]) -> None:
+    got = results["key_missing"]
+    assert got["failed"] and "cannot fetch the NVIDIA repository key" in text(got)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_KEY_INPUTS)))
+def test_preflight_refuses_a_key_url_that_is_not_https_or_a_bad_fingerprint(results: dict[str, dict[str, Any]], case: int) -> None:
+    got = results[f"toolkit_bad_{case}"]
+    assert got["failed"], got
+    out = text(got)
+    assert f"toolkit_bad_{case}: bad nvidia_toolkit input" in out and "nvidia_toolkit_key_url=" in out and "Fix the inventory" in out
+
+
+def test_preflight_passes_the_defaults(results: dict[str, dict[str, Any]]) -> None:
+    assert results["toolkit_defaults"]["failed"] == [], text(results["toolkit_defaults"])
 
 
 def test_the_default_fingerprint_is_the_contracts() -> None:
@@ -152,29 +165,15 @@ def test_the_default_fingerprint_is_the_contracts() -> None:
     assert defaults["nvidia_toolkit_key_url"] == contract["url"]
 
 
-def weights_preflight(tmp_path: Path, endpoint: str, token_file: str) -> subprocess.CompletedProcess[str]:
-    return play(tmp_path, "preflight.yml", "d3_weights",
-                {"d3_weights_models": [], "d3_weights_hf_endpoint": endpoint, "d3_weights_token_file": token_file})  # fmt: skip
+def test_a_token_to_an_http_endpoint_is_refused(results: dict[str, dict[str, Any]]) -> None:
+    got = results["weights_token_http"]
+    assert got["failed"], got
+    assert "weights_token_http: d3_weights_token_file is set and d3_weights_hf_endpoint" in text(got) and "clear text" in text(got)
 
 
-@pytest.mark.playbook
-def test_a_token_to_an_http_endpoint_is_refused(tmp_path: Path) -> None:
-    proc = weights_preflight(tmp_path, "http://hf-mirror.example:8090", str(tmp_path / "token"))
-    assert proc.returncode != 0
-    out = " ".join(proc.stdout.split())
-    assert "localhost: d3_weights_token_file is set and d3_weights_hf_endpoint" in out and "clear text" in out
-
-
-@pytest.mark.playbook
-@pytest.mark.parametrize(("endpoint", "token"), [("http://hf-mirror.example:8090", ""), ("https://hf-mirror.example", "T"), ("", "T")])
-def test_http_without_a_token_and_https_with_one_pass_that_check(tmp_path: Path, endpoint: str, token: str) -> None:
-    token_file = ""
-    if token:
-        token_file = str(tmp_path / "token")
-        Path(token_file).write_text("hf_x\n")
-        os.chmod(token_file, 0o600)
-    proc = weights_preflight(tmp_path, endpoint, token_file)
-    out = " ".join(proc.stdout.split())
-    assert "clear text" not in out
+@pytest.mark.parametrize("case", range(len(TOKEN_PASSES)))
+def test_http_without_a_token_and_https_with_one_pass_that_check(results: dict[str, dict[str, Any]], case: int) -> None:
+    got = results[f"weights_pass_{case}"]
+    assert "clear text" not in text(got)
     # the token file check that follows wants it root-owned: as root here it passes
-    assert proc.returncode == 0 or os.geteuid() != 0, out
+    assert got["failed"] == [] or os.geteuid() != 0, text(got)

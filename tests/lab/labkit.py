@@ -216,6 +216,22 @@ def unit_state(host: str) -> dict[str, Any]:
     return state
 
 
+def suite_of(host: str) -> str:
+    """The lab host's Debian release (odd hosts trixie: podman 5.4, Quadlet; even hosts bookworm: podman 4.3, classic)."""
+    return on_host(host, ". /etc/os-release; echo $VERSION_CODENAME").strip()
+
+
+def host_per_suite(host_names: list[str], fewest: bool = True) -> dict[str, str]:
+    """One lab host of each Debian release: the one that runs the fewest instances (a test that restarts or waits for
+    instances restarts as few as it can), or with fewest=False the first."""
+    out: dict[str, str] = {}
+    order = sorted(host_names, key=lambda h: len(host_vars(h)["d3_models"])) if fewest else host_names
+    for host in order:
+        out.setdefault(suite_of(host), host)
+    assert {"bookworm", "trixie"} <= set(out), f"the lab needs a bookworm and a trixie host: {out}"
+    return out
+
+
 def restart_sec(host: str, unit: str) -> float:
     """The unit's RestartSec as systemd loaded it (RestartUSec, e.g. "2s", "10s", "500ms")."""
     value = on_host(host, f"systemctl show -p RestartUSec --value {unit}.service").strip()

@@ -209,10 +209,10 @@ def test_drill_2_host_reboot(converged: list[str]) -> None:
     instance's unit orders after, and every instance serves again with no Ansible run (classic units are enabled;
     Quadlet's generated units are wanted by their [Install] section)."""
     started = time.monotonic()
-    suites = {h: on_host(h, ". /etc/os-release; echo $VERSION_CODENAME").strip() for h in converged}
     # one host of each suite, the one with the fewest instances (the fewest cold starts to wait for)
-    hosts = sorted({suites[h]: h for h in sorted(converged, key=lambda h: -len(labkit.host_vars(h)["d3_models"]))}.values())
-    assert sorted(suites[h] for h in hosts) == ["bookworm", "trixie"], suites
+    by_suite = labkit.host_per_suite(converged)
+    suites = {host: suite for suite, host in by_suite.items()}
+    hosts = sorted(suites)
     before = {h: nothing_lost(h) for h in hosts}
     for host in hosts:
         on_host(host, "touch /run/d3-drill-before-reboot /var/run/cdi/d3-drill-before-reboot")

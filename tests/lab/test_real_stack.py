@@ -22,21 +22,6 @@ CONTRACTS = Path(__file__).resolve().parents[1] / "contracts" / "vllm"
 UNAUTHORIZED = json.loads((CONTRACTS / "unauthorized.json").read_text())
 
 
-def suite_of(host: str) -> str:
-    return on_host(host, ". /etc/os-release; echo $VERSION_CODENAME").strip()
-
-
-def hosts_by_suite(host_names: list[str], fewest: bool = False) -> dict[str, str]:
-    """A lab host of each Debian suite (odd hosts trixie, even bookworm): the first, or with fewest=True the one that
-    runs the fewest instances (a test that restarts instances restarts as few as it can)."""
-    out: dict[str, str] = {}
-    order = sorted(host_names, key=lambda h: len(labkit.host_vars(h)["d3_models"])) if fewest else host_names
-    for host in order:
-        out.setdefault(suite_of(host), host)
-    assert {"bookworm", "trixie"} <= set(out), f"the lab needs a bookworm and a trixie host: {out}"
-    return out
-
-
 # A run that only re-renders units and restarts what changed: the read-only head (preflight, plan, every role's input
 # checks: tag always), podman and image (the units need their facts), the units, the smoke test and the record.
 UNITS_ONLY = "--tags units,smoke,state"
@@ -65,7 +50,7 @@ def converge(limit: str, **extravars: Any) -> labkit.Run:
 
 
 def test_api_key_rotates_on_both_podman_generations(converged: list[str]) -> None:
-    hosts = hosts_by_suite(converged, fewest=True)
+    hosts = labkit.host_per_suite(converged)
     limit = ",".join(sorted(hosts.values()))
     old, new = "lab-key-one-1f2e3d4c", "lab-key-two-9a8b7c6d"
     try:
@@ -111,7 +96,7 @@ def _lite(name: str, share: str) -> dict[str, Any]:
 
 
 def test_two_instances_on_one_gpu(converged: list[str]) -> None:
-    host = hosts_by_suite(converged, fewest=True)["trixie"]
+    host = labkit.host_per_suite(converged)["trixie"]
     before = unit_state(host)
     over = converge(host, d3_models=[_lite("lite-a", "0.5"), _lite("lite-b", "0.5")])
     assert over.status == "failed"
@@ -135,7 +120,7 @@ def test_two_instances_on_one_gpu(converged: list[str]) -> None:
 
 
 def test_driver_r570_refused_then_run_in_cuda_compat(converged: list[str]) -> None:
-    host = hosts_by_suite(converged, fewest=True)["trixie"]
+    host = labkit.host_per_suite(converged)["trixie"]
     on_host(host, "/usr/lib/lab-nvidia/lab-nvidia-setup --driver-version 570.195.03")
     try:
         before = unit_state(host)
@@ -160,7 +145,7 @@ def test_stopping_one_instance_leaves_the_others_running(converged: list[str], s
     """On a real host each container has its own cgroups: stopping one instance (a rollout's restart, a prune, an
     operator's systemctl stop) must not touch the others. The nested lab once broke this on Debian 12 (one shared v1
     cgroup: crun's delete killed every instance of the host; lab/images/containers-cgroupfs.conf)."""
-    host = hosts_by_suite(converged)[suite]
+    host = labkit.host_per_suite(converged, fewest=False)[suite]
     before = labkit.d3_containers(host)
     assert len(before) >= 2, f"{host}: the test needs two instances, found {sorted(before)}"
     victim, *others = sorted(before)

@@ -80,22 +80,3 @@ def test_the_lab_pypi_serves_exactly_the_files_the_hash_pinned_requirements_allo
             assert f"--hash=sha256:{digest}" in pinned, f"{href} is served by the lab PyPI but not pinned"
             served += 1
     assert served >= len([line for line in pinned.splitlines() if line and not line.startswith("#")])
-
-
-def test_the_registry_login_is_removed_after_the_pull(converged: list[str]) -> None:
-    """d3_image logs in (the lab registry takes any credentials), resolves and pulls, then logs out again: the
-    credentials file holds no login afterwards, nothing reports a change, the password is never printed. On the
-    converged fleet: `--tags image` needs the podman role's podman and skopeo."""
-    host = "d3-lab-host3"
-    assert host in converged, f"{host} is missing: run `make lab`"
-    password = "lab-pass-Zq9-not-printed"
-    extra = {"d3_image_registry_username": "lab-user", "d3_image_registry_password": password,
-             "d3_image_registry_login_registry": "lab-registry:5000"}  # fmt: skip
-    run = labkit.run_playbook("site.yml", limit=host, extravars=extra, cmdline="--tags image")
-    assert run.rc == 0, run.failure_text(host)
-    assert "Log in to the image registry (until the pull is done)" in run.tasks_run(host)
-    assert "Log out of the image registry (only after this role's own login)" in run.tasks_run(host)
-    assert run.changed(host) == 0, run.changed_tasks(host)
-    assert password not in run.stdout
-    auth = labkit.on_host(host, "cat /run/containers/0/auth.json 2>/dev/null || echo '{}'")
-    assert "lab-registry:5000" not in auth, auth

@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from labkit import Run, d3_containers, host_vars, on_host, registry_digest, run_playbook, unit_state
+from labkit import Run, d3_containers, host_vars, on_host, registry_digest, run_playbook, running, unit_state
 
 pytestmark = pytest.mark.lab
 
 SMOKE_TABLE_TASK = "Print the fleet smoke table"
+DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
 # tasks that run on the controller only (no remote call)
 CONTROLLER_ACTIONS = {
     f"ansible.builtin.{a}" for a in ("set_fact", "assert", "debug", "include_tasks", "import_tasks", "validate_argument_spec")
@@ -82,24 +84,56 @@ def test_one_probe_per_host_per_run(converge_run: Run, converged: list[str]) -> 
         assert len(reads) == 1 + again, (reads, installed)
 
 
-def test_second_run_changes_nothing(converged: list[str]) -> None:
+def running_digests(host: str) -> set[str]:
+    """The manifest digests of the image every running D3 container of a host was started from."""
+    images = [image for image, _ in running(host).values()]
+    assert images, f"{host}: no running D3 container"
+    digests = {m.group(1) for m in map(DIGEST.search, images) if m}
+    assert len(digests) == len(set(images)), f"{host}: an image not pinned by digest: {images}"
+    return digests
+
+
+def test_a_second_run_as_two_parallel_slices_changes_nothing(converged: list[str]) -> None:
+    """The second run of the fleet, made the way AWX job slicing makes it (job_slice_count 2): two site.yml runs in
+    parallel over disjoint limits, each told its slice (d3_image_slice_count / _number as the job template's extra
+    vars: AWX passes a slice no variable of its own, tests/contracts/awx/job-slicing.yml) and the digest a first job
+    pinned. Nothing changes and nothing restarts; every host stays on the unsliced converge's digest; on a converged
+    host each role reads once (one probe of nvidia-smi and podman, one remote call of the unit and smoke roles)."""
+    assert len(converged) >= 3, "slicing needs the 3-host lab (make lab LAB_HOSTS=3)"
     before = {host: unit_state(host) for host in converged}
-    again = run_playbook("site.yml", limit="l4-nodes")
-    assert again.status == "successful", again.failure_text()
-    for host in converged:
-        assert again.changed(host) == 0, again.changed_tasks(host)
-        assert unit_state(host) == before[host], host
-        # one probe per host on a converged host too: preflight's reading, nothing read again
-        assert commands_run(again, host, ["nvidia-smi"]) == ["d3_preflight: Read the GPUs through the NVIDIA driver"]
-        assert commands_run(again, host, ["podman", "version"]) == ["d3_preflight: Read the installed podman version"]
-        # on a converged host the unit and smoke roles make one remote call each (issue 14): their one read, and the
-        # one smoke call; no write, reload or start runs (a skipped task or loop item makes no call)
-        remote = [(d["role"], d["task"]) for d in again.results(host)
-                  if d.get("role") in ("d3_units", "d3_smoke") and d.get("task_action") not in CONTROLLER_ACTIONS]  # fmt: skip
-        assert remote == [
-            ("d3_units", "Read the unit files, the instances' state, the API key secret and stale units (one call)"),
-            ("d3_smoke", "Wait until every instance serves, then send each the smoke requests"),
-        ], remote
+    unsliced = {host: running_digests(host) for host in converged}
+    assert all(len(d) == 1 for d in unsliced.values()), unsliced
+    pinned = registry_digest("nightly")  # what a first job (or skopeo inspect) pins for every slice
+    slices = [converged[:1], converged[1:]]  # disjoint, together the whole fleet
+
+    def run_slice(number: int) -> Run:
+        return run_playbook(
+            "site.yml", limit=",".join(slices[number - 1]),
+            extravars={"d3_image_slice_count": len(slices), "d3_image_slice_number": number, "d3_image_digest": pinned},
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=len(slices)) as pool:
+        runs = list(pool.map(run_slice, range(1, len(slices) + 1)))
+    for number, run in enumerate(runs, 1):
+        assert run.status == "successful", (number, run.failure_text())
+        assert sorted(run.stats.get("ok", {})) == sorted(slices[number - 1]), (number, run.stats)
+    sliced = {host: running_digests(host) for host in converged}
+    assert sliced == unsliced == {host: {pinned} for host in converged}, (sliced, unsliced, pinned)
+    for run, hosts in zip(runs, slices, strict=True):
+        for host in hosts:
+            assert run.changed(host) == 0, run.changed_tasks(host)
+            assert unit_state(host) == before[host], host
+            # one probe per host on a converged host too: preflight's reading, nothing read again
+            assert commands_run(run, host, ["nvidia-smi"]) == ["d3_preflight: Read the GPUs through the NVIDIA driver"]
+            assert commands_run(run, host, ["podman", "version"]) == ["d3_preflight: Read the installed podman version"]
+            # on a converged host the unit and smoke roles make one remote call each (issue 14): their one read, and
+            # the one smoke call; no write, reload or start runs (a skipped task or loop item makes no call)
+            remote = [(d["role"], d["task"]) for d in run.results(host)
+                      if d.get("role") in ("d3_units", "d3_smoke") and d.get("task_action") not in CONTROLLER_ACTIONS]  # fmt: skip
+            assert remote == [
+                ("d3_units", "Read the unit files, the instances' state, the API key secret and stale units (one call)"),
+                ("d3_smoke", "Wait until every instance serves, then send each the smoke requests"),
+            ], remote
 
 
 def template_results(run: Run, host: str) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ unsliced run's digest, nothing changes.) The lab is the STAND-IN fleet; a missin
 
 from __future__ import annotations
 
-
 import labkit
 import pytest
 

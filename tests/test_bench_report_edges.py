@@ -1,0 +1,405 @@
+"""Edge cases of the bench's controller side (collection filter d3_bench.py) that tests/test_bench_report.py leaves
+open: every refusal of a suite word for word, the scoring of odd answers, and the report and its table compared
+whole (every key, every line), so that a changed key, message, default or column shows."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "collections"))
+
+from ansible_collections.d3fleet.fleet.plugins.filter import d3_bench as b  # noqa: E402
+
+TEAM = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "shipping": "parcels"}}
+URGENT = {"type": "noul", "instructions": "Urgent?"}
+TONE = {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "furious"]}
+REFUND = {"type": "noul", "instructions": "Refund?"}
+
+
+def suite(**over: Any) -> dict[str, Any]:
+    base = {
+        "format": "d3-bench-suite/1",
+        "name": "mini",
+        "questions": {"team": TEAM, "urgent": URGENT, "tone": TONE, "refund": REFUND},
+        "cases": [{"id": "a", "state": "charged twice", "expect": {"team": "billing", "urgent": True}}],
+        "latency": {"state": "x", "questions": ["team", "urgent", "tone", "refund"]},
+    }
+    return copy.deepcopy({**base, **over})
+
+
+# --------------------------------------------------------------------------------------------- questions
+@pytest.mark.parametrize(
+    ("question", "problems"),
+    [
+        ("nope", ["question 'q' is not a mapping"]),
+        ({"type": "rank", "instructions": "x"}, ["question 'q': type 'rank' is not one of choice, noul, score"]),
+        ({"type": "noul", "instructions": "  "}, ["question 'q': instructions must be a non-empty string"]),
+        ({"type": "noul", "instructions": 3}, ["question 'q': instructions must be a non-empty string"]),
+        ({"type": "choice", "instructions": "x", "criteria": {"only": "one"}},
+         ["question 'q': a choice needs criteria with at least two options"]),
+        # a list of options is not a mapping of option -> meaning, however long
+        ({"type": "choice", "instructions": "x", "criteria": ["a", "b"]},
+         ["question 'q': a choice needs criteria with at least two options"]),
+        ({"type": "score", "instructions": "x", "criteria": {"a": 1, "b": 2}},
+         ["question 'q': a score needs criteria, a list of at least two levels"]),
+        ({"type": "score", "instructions": "x", "criteria": ["low"]},
+         ["question 'q': a score needs criteria, a list of at least two levels"]),
+        ({"type": "score", "instructions": "x", "criteria": ["low", "high"]}, []),  # two levels are enough
+        ({"type": "choice", "instructions": "x", "criteria": {"a": 1, "b": 2}}, []),  # two options too
+        ({"type": "noul", "instructions": "x", "criteria": "anything"}, []),  # a noul has no criteria to check
+        ({"type": "choice", "instructions": "", "criteria": {}},
+         ["question 'q': instructions must be a non-empty string",
+          "question 'q': a choice needs criteria with at least two options"]),
+    ],
+)
+def test_question_problems_word_for_word(question: Any, problems: list[str]) -> None:
+    assert b._question_problems("q", question) == problems
+
+
+def test_expect_problems_name_the_options_and_levels() -> None:
+    assert b._expect_problem("w", TEAM, "sales") == "w: expects 'sales', not one of the options ['billing', 'shipping']"
+    assert b._expect_problem("w", TONE, "livid") == "w: expects 'livid', not one of the levels ['calm', 'annoyed', 'furious']"
+    assert b._expect_problem("w", URGENT, "yes") == "w: a noul expects true or false, not 'yes'"
+    assert b._expect_problem("w", TONE, "annoyed") is None and b._expect_problem("w", TEAM, "billing") is None
+    assert b._expect_problem("w", URGENT, False) is None
+
+
+# --------------------------------------------------------------------------------------------- suites
+def test_a_suite_that_is_not_a_mapping() -> None:
+    assert b.suite_problems(["cases"]) == ["the suite is not a mapping"]
+
+
+def test_questions_that_are_not_a_mapping_stop_the_check() -> None:
+    assert b.suite_problems(suite(format="v0", questions=["team"])) == [
+        "format is 'v0', expected 'd3-bench-suite/1'", "questions must be a mapping of id -> question"]
+
+
+def test_cases_missing_or_empty() -> None:
+    assert b.suite_problems(suite(cases=None)) == ["cases must be a non-empty list"]
+    assert b.suite_problems(suite(cases={"a": {}})) == ["cases must be a non-empty list"]
+
+
+def test_every_case_is_checked_past_a_bad_one() -> None:
+    cases = [
+        {"state": "no id", "expect": {"urgent": True}},
+        {"id": "", "state": "empty id", "expect": {"urgent": True}},
+        {"id": "e", "state": "s", "expect": {}},
+        {"id": "f", "state": "s", "expect": ["urgent"]},
+        {"id": "g", "state": "s", "questions": {"late": {"type": "noul"}}, "expect": {"late": True}},
+        {"id": "h", "state": "s", "questions": ["late"], "expect": {"late": True}},
+        {"id": "i", "state": "s", "expect": {"team": "sales", "tone": "livid"}},
+        {"id": "g", "state": None, "expect": {"urgent": "no"}},
+    ]
+    assert b.suite_problems(suite(cases=cases)) == [
+        "case #1 has no id",
+        "case #2 has no id",
+        "case 'e': expect must name at least one question and its right answer",
+        "case 'f': expect must name at least one question and its right answer",
+        "question 'g.late': instructions must be a non-empty string",
+        # a case's questions that are not a mapping add none: 'late' is then defined nowhere
+        "case 'h': question 'late' is defined neither in the case nor in questions",
+        "case 'i' question 'team': expects 'sales', not one of the options ['billing', 'shipping']",
+        "case 'i' question 'tone': expects 'livid', not one of the levels ['calm', 'annoyed', 'furious']",
+        "case 'g' appears twice",
+        "case 'g': state must be a non-empty string or JSON",
+        "case 'g' question 'urgent': a noul expects true or false, not 'no'",
+    ]
+
+
+def test_a_case_question_overrides_the_shared_one() -> None:
+    # the case's own "urgent" is a score: its expectation is checked against the case's levels, not as a noul
+    own = {"urgent": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]}}
+    ok = suite(cases=[{"id": "a", "state": {"t": 1}, "questions": own, "expect": {"urgent": "high"}}])
+    assert b.suite_problems(ok) == []
+    bad = suite(cases=[{"id": "a", "state": ["t"], "questions": own, "expect": {"urgent": True}}])
+    assert b.suite_problems(bad) == ["case 'a' question 'urgent': expects True, not one of the levels ['low', 'high']"]
+
+
+@pytest.mark.parametrize(
+    ("latency", "problems"),
+    [
+        (None, ["latency must give a state and four question ids"]),
+        ({"questions": ["team", "urgent", "tone", "refund"]}, ["latency must give a state and four question ids"]),
+        ({"state": "x", "questions": ["team", "team", "urgent", "tone"]},
+         ["latency.questions must list four distinct question ids, not ['team', 'team', 'urgent', 'tone']"]),
+        ({"state": "x", "questions": "abcd"}, ["latency.questions must list four distinct question ids, not 'abcd'"]),
+        ({"state": "x", "questions": ["team", "urgent", "tone"]},
+         ["latency.questions must list four distinct question ids, not ['team', 'urgent', 'tone']"]),
+        ({"state": "x", "questions": ["team", "urgent", "late", "why"]},
+         ["latency: question 'late' is not in questions", "latency: question 'why' is not in questions"]),
+    ],
+)
+def test_latency_problems_word_for_word(latency: Any, problems: list[str]) -> None:
+    assert b.suite_problems(suite(latency=latency)) == problems
+
+
+def test_the_refusal_lists_every_problem() -> None:
+    bad = suite(format="v0", latency={"state": "x"})
+    with pytest.raises(AnsibleFilterError) as err:
+        b.bench_requests(bad)
+    assert str(err.value) == ("the decision suite cannot be run: format is 'v0', expected 'd3-bench-suite/1'; "
+                              "latency.questions must list four distinct question ids, not None")
+
+
+def test_latency_requests_whole() -> None:
+    s = suite(latency={"state": {"ticket": "slow"}, "questions": ["tone", "refund", "team", "urgent"]})
+    assert b.bench_requests(s)["latency_requests"] == [
+        {"label": "q2", "body": {"state": {"ticket": "slow"}, "questions": {"tone": TONE, "refund": REFUND}}},
+        {"label": "q4", "body": {"state": {"ticket": "slow"}, "questions": {"tone": TONE, "refund": REFUND, "team": TEAM,
+                                                                            "urgent": URGENT}}},
+    ]
+
+
+def test_targets_keep_a_bracketed_address_and_a_host_name() -> None:
+    plan = [{"name": "i", "port": 8001, "served_model_name": "m", "health_url": "http://10.0.0.5:8001/health"}]
+    assert b.bench_targets(plan, "[fd00::5]") == [{"name": "i", "url": "http://[fd00::5]:8001", "model": "m"}]
+    assert b.bench_targets(plan, "gpu-1.lan") == [{"name": "i", "url": "http://gpu-1.lan:8001", "model": "m"}]
+    assert b.bench_targets(None) == []
+
+
+# --------------------------------------------------------------------------------------------- scoring
+def test_judge_choice_confidence_falls_back_to_the_answer_and_must_be_a_number() -> None:
+    # no probabilities (or not a mapping): the answer's own confidence
+    assert b.judge(TEAM, "billing", {"choice": "billing", "confidence": 0.7}) == {
+        "given": "billing", "correct": True, "confidence": 0.7}
+    assert b.judge(TEAM, "billing", {"choice": "billing", "probabilities": ["x"], "confidence": 0.6}) == {
+        "given": "billing", "correct": True, "confidence": 0.6}
+    # the probability of the option wins over the confidence; a non-number is no confidence
+    assert b.judge(TEAM, "billing", {"choice": "billing", "probabilities": {"billing": 0.9}, "confidence": 0.1}) == {
+        "given": "billing", "correct": True, "confidence": 0.9}
+    assert b.judge(TEAM, "shipping", {"choice": "billing", "probabilities": {"billing": "high"}}) == {
+        "given": "billing", "correct": False, "confidence": None}
+    assert b.judge(TEAM, "billing", {"choice": "billing"}) == {"given": "billing", "correct": True, "confidence": None}
+
+
+def test_judge_score_whole_and_clamped_to_the_levels() -> None:
+    probs = {"0": 0.2, "1": 0.5, "2": 0.3}
+    assert b.judge(TONE, "annoyed", {"score": 1.2, "probabilities": probs}) == {
+        "given": "annoyed", "score": 1.2, "correct": True, "confidence": 0.5}
+    # below the first level and above the last: the nearest level is the first / the last
+    assert b.judge(TONE, "calm", {"score": 0.1, "probabilities": probs}) == {
+        "given": "calm", "score": 0.1, "correct": True, "confidence": 0.2}
+    assert b.judge(TONE, "calm", {"score": -3, "probabilities": probs}) == {
+        "given": "calm", "score": -3, "correct": False, "confidence": 0.2}
+    assert b.judge(TONE, "furious", {"score": 7.0, "probabilities": probs}) == {
+        "given": "furious", "score": 7.0, "correct": False, "confidence": 0.3}
+    # a probability that is not a number, or none: no confidence
+    assert b.judge(TONE, "furious", {"score": 2, "probabilities": {"2": "most"}}) == {
+        "given": "furious", "score": 2, "correct": True, "confidence": None}
+    assert b.judge(TONE, "furious", {"score": 2, "probabilities": None}) == {
+        "given": "furious", "score": 2, "correct": True, "confidence": None}
+
+
+def test_score_cases_rows_and_rounding() -> None:
+    s = suite(cases=[
+        {"id": "a", "state": "s", "tags": ["trick"], "expect": {"team": "billing", "urgent": True, "tone": "calm"}},
+        {"id": 7, "state": "s", "expect": {"refund": False}},
+    ])
+    recorded = [{"id": "a", "status": 200, "answers": {"team": {"choice": "billing", "probabilities": {"billing": 2 / 3}},
+                                                       "urgent": {"noul": 0.2}, "tone": {"score": 0.0}}},
+                {"id": 7, "status": 200, "answers": {"refund": {"noul": "no"}}}]
+    out = b.score_cases(recorded, s)
+    assert out == {
+        "correct": 2, "total": 4, "accuracy": 0.5,
+        "by_type": {"choice": {"correct": 1, "total": 1}, "noul": {"correct": 0, "total": 2}, "score": {"correct": 1, "total": 1}},
+        # answered: team (2/3, right), urgent (0.8, wrong); mean of (1/3)^2 and 0.8^2, rounded to 4 places
+        "brier": 0.3756, "confidence_right": 0.6667, "confidence_wrong": 0.8,
+        "unanswered": 2, "failed_requests": 0,
+        "questions": [
+            {"case": "a", "question": "team", "type": "choice", "expected": "billing", "tags": ["trick"],
+             "given": "billing", "correct": True, "confidence": 2 / 3},
+            {"case": "a", "question": "urgent", "type": "noul", "expected": True, "tags": ["trick"],
+             "given": False, "correct": False, "confidence": 0.8},
+            {"case": "a", "question": "tone", "type": "score", "expected": "calm", "tags": ["trick"],
+             "given": "calm", "score": 0.0, "correct": True, "confidence": None},
+            {"case": "7", "question": "refund", "type": "noul", "expected": False, "tags": [],
+             "given": None, "correct": False, "confidence": None},
+        ],
+    }
+    # case a alone: 2 of 3 right, the accuracy rounded to 4 places too
+    three = b.score_cases(recorded[:1], suite(cases=s["cases"][:1]))
+    assert (three["correct"], three["total"], three["accuracy"]) == (2, 3, 0.6667)
+
+
+def test_score_cases_of_a_suite_without_questions() -> None:
+    out = b.score_cases([], {"cases": [], "questions": {}})
+    assert out == {"correct": 0, "total": 0, "accuracy": None, "by_type": {}, "brier": None, "confidence_right": None,
+                   "confidence_wrong": None, "unanswered": 0, "failed_requests": 0, "questions": []}
+
+
+def test_answers_of_a_failed_or_malformed_request_are_ignored() -> None:
+    s = suite()
+    good = {"team": {"choice": "billing", "probabilities": {"billing": 1.0}}, "urgent": {"noul": 1.0}}
+    assert b.score_cases([{"id": "a", "status": 500, "answers": good}], s)["correct"] == 0
+    assert b.score_cases([{"id": "a", "status": 200, "answers": ["x"]}], s)["unanswered"] == 2
+    assert b.score_cases([{"id": "a", "status": 200, "answers": good}], s)["correct"] == 2
+
+
+def test_is_simulated_needs_a_marker_in_the_version() -> None:
+    assert b._is_simulated(None, ["X"]) is False and b._is_simulated("", ["X"]) is False
+    assert b._is_simulated("1.0+X", ["", "X"]) is True and b._is_simulated("1.0", [""]) is False
+
+
+def test_ms() -> None:
+    assert (b._ms(None), b._ms(0), b._ms(12.5), b._ms(13.5)) == ("-", "0", "12", "14")
+
+
+# --------------------------------------------------------------------------------------------- the report
+ONE_CASE = suite(name="one", cases=[{"id": "a", "state": "s", "expect": {"urgent": True}}])
+RIGHT = [{"id": "a", "status": 200, "answers": {"urgent": {"noul": 0.75}}}]
+
+
+def odd_host() -> dict[str, Any]:
+    """A host whose plan, nvidia-smi and endpoints disagree: GPU 3 budgeted to another instance only, GPU 4 neither
+    planned nor seen, GPU 5 planned but not seen; an extra endpoint with GPUs and a Decision Index, one without a
+    label, and results without a version."""
+    plan = {
+        "instances": [{"name": "odd", "model": "d3-odd", "gpus": [3, 4]}, {"name": "blind", "model": "d3-blind", "gpus": [5]}],
+        "gpus": [{"index": 3, "budget": [{"instance": "other", "budget_mib": 1000}]},
+                 {"index": 5, "budget": [{"instance": "blind", "budget_mib": 2000}]}],
+    }
+    results = [
+        {"name": "odd", "url": "http://h2:1", "model": "odd-served", "health": 200, "version": None, "cases": RIGHT},
+        {"name": "blind", "url": "http://h2:2", "model": "blind-served", "health": 200},
+        {"name": "ext", "url": "http://h2:3", "model": "ext-served", "health": 200, "version": "v+sim"},
+        {"name": "raw", "url": "http://h2:4", "model": "raw-served", "health": 503, "version": "v"},
+    ]
+    endpoints = [{"name": "ext", "label": "External", "gpus": "2", "decision_index": 50.5}, {"name": "raw"}]
+    gpus = [{"index": 3, "memory_used_mib": 500.4, "memory_total_mib": 23034}]
+    return {"host": "h2", "plan": plan, "results": results, "endpoints": endpoints, "gpus": gpus}
+
+
+def test_report_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(time, "gmtime", lambda *_: time.struct_time((2026, 3, 4, 5, 6, 7, 2, 63, 0)))
+    report = b.bench_report([odd_host()], ONE_CASE, {"d3-odd": {"decision_index": 60}, "External": {}}, None, ["+sim"])
+    score = b.score_cases([], ONE_CASE)
+    common = {"host": "h2", "image_ref": "", "latency": {}, "throughput": []}
+    assert report == {
+        "format": "d3-bench/1",
+        "generated": "2026-03-04T05:06:07Z",
+        "simulated": True,
+        "label": "SIMULATED (lab stand-in): not a property of D3",
+        "suite": {"name": "one", "cases": 1, "questions": 1},
+        "settings": {},
+        "instances": [
+            {**common, "name": "odd", "kind": "planned", "model": "d3-odd", "served_model_name": "odd-served",
+             "url": "http://h2:1", "server_version": "", "simulated": False, "health": 200, "gpu_count": 2, "gpus": [3, 4],
+             "memory": {"per_gpu": [{"index": 3, "used_mib": 500.4, "total_mib": 23034, "budget_mib": None, "shared_with": ["other"]},
+                                    {"index": 4, "used_mib": None, "total_mib": None, "budget_mib": None, "shared_with": []}],
+                        "used_mib": 500, "budget_mib": None},
+             "decision_index": 60, "score": b.score_cases(RIGHT, ONE_CASE), "answers": RIGHT},
+            {**common, "name": "blind", "kind": "planned", "model": "d3-blind", "served_model_name": "blind-served",
+             "url": "http://h2:2", "server_version": "", "simulated": False, "health": 200, "gpu_count": 1, "gpus": [5],
+             "memory": {"per_gpu": [{"index": 5, "used_mib": None, "total_mib": None, "budget_mib": 2000, "shared_with": []}],
+                        "used_mib": None, "budget_mib": 2000},
+             "decision_index": None, "score": score, "answers": []},
+            # an extra endpoint: its label is its model, its GPUs and Decision Index are the declared ones
+            {**common, "name": "ext", "kind": "extra", "model": "External", "served_model_name": "ext-served",
+             "url": "http://h2:3", "server_version": "v+sim", "simulated": True, "health": 200, "gpu_count": 2, "gpus": [],
+             "memory": None, "decision_index": 50.5, "score": score, "answers": []},
+            {**common, "name": "raw", "kind": "extra", "model": "raw-served", "served_model_name": "raw-served",
+             "url": "http://h2:4", "server_version": "v", "simulated": False, "health": 503, "gpu_count": 0, "gpus": [],
+             "memory": None, "decision_index": None, "score": score, "answers": []},
+        ],
+    }
+    assert report["instances"][0]["score"]["correct"] == 1
+
+
+def test_report_keeps_the_image_and_settings_and_the_forced_label(monkeypatch: pytest.MonkeyPatch) -> None:
+    host = {"host": "h3", "image_ref": "img@sha256:9", "results": [{"name": "x", "url": "u", "model": "m", "version": "+sim"}]}
+    report = b.bench_report([host], ONE_CASE, None, {"duration_s": 3}, ["+sim"], False)
+    assert report["settings"] == {"duration_s": 3} and report["simulated"] is False and report["label"] == "measured"
+    (inst,) = report["instances"]
+    assert (inst["image_ref"], inst["server_version"], inst["simulated"], inst["gpu_count"]) == ("img@sha256:9", "+sim", False, 0)
+    # no marker given: nothing is simulated whatever the version; a result without a version neither
+    assert b.bench_report([host], ONE_CASE)["simulated"] is False
+    bare = {"host": "h3", "results": [{"name": "x", "url": "u", "model": "m"}]}
+    assert b.bench_report([bare], ONE_CASE, simulated_markers=["XX"])["instances"][0]["simulated"] is False
+    assert b.bench_report([bare], ONE_CASE, simulated=1)["instances"][0]["simulated"] is True
+
+
+# --------------------------------------------------------------------------------------------- the table
+def entry(name: str, sim: bool, **over: Any) -> dict[str, Any]:
+    base = {"host": "h", "name": name, "model": "m-" + name, "simulated": sim, "health": 200, "gpu_count": 1, "gpus": [0],
+            "memory": None, "decision_index": None, "latency": {}, "throughput": [],
+            "score": {"correct": 0, "total": 2, "brier": None, "confidence_right": None, "confidence_wrong": None}}
+    return {**base, **over}
+
+
+def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
+    report = {"simulated": True, "suite": {"name": "s", "cases": 2, "questions": 3}, "instances": [
+        entry("a", True, gpu_count=2, gpus=[0, 1], decision_index=66.26,
+              latency={"q2": {"p50": 240.4, "p95": 250.6, "p99": None}, "q4": {"p50": 470.5, "p95": 480.0, "p99": 490.0}},
+              throughput=[{"concurrency": 4, "requests_per_s": 7.96, "questions_per_s": 31.84, "p99": 512.7, "errors": 1},
+                          {"concurrency": 1, "requests_per_s": 2.04, "questions_per_s": 8.5, "p99": None, "errors": 0}],
+              memory={"used_mib": 40010, "budget_mib": 43764,
+                      "per_gpu": [{"shared_with": ["zeta"]}, {"shared_with": ["alpha", "zeta"]}]},
+              score={"correct": 1, "total": 2, "brier": 0.12345, "confidence_right": 0.876, "confidence_wrong": None}),
+        entry("b", False, gpus=[], gpu_count=0,
+              throughput=[{"concurrency": 16, "requests_per_s": 30.0, "questions_per_s": 120.0, "p99": 900.0, "errors": 0}],
+              memory={"used_mib": None, "budget_mib": None, "per_gpu": []},
+              score={"correct": 2, "total": 2, "brier": 0.0, "confidence_right": 1.0, "confidence_wrong": 0.25}),
+        entry("c", False, health=201),
+        entry("d", True, health=-1),
+    ]}
+    published = {"latency": [{"config": "cfgA", "q2_ms": 300, "q4_ms": 490}, {"config": "cfgB", "source": "blog"}],
+                 "accuracy": [{"model": "pm", "correct": 19, "total": 19, "q4_ms": 170, "extra_gpus": 0, "decision_index": "~45"},
+                              {"model": "pn", "source": "paper", "correct": 17, "total": 19, "q4_ms": 215}]}
+    assert b.bench_table(report, published) == [
+        "SIMULATED: these endpoints are the lab's vLLM simulator (a stand-in); no figure below is a property of D3.",
+        "",
+        "Latency [SIMULATED] (p50 / p95 / p99, one request at a time)",
+        "Config                          2-question latency  4-question latency",
+        "h/a (m-a) [SIMULATED]           240 / 251 / - ms    470 / 480 / 490 ms",
+        "h/b (m-b)                       - / - / - ms        - / - / - ms",
+        "cfgA [published: field report]  ~300ms              ~490ms",
+        "cfgB [published: blog]          -                   -",
+        "",
+        "Accuracy [SIMULATED] (suite s: 2 cases, 3 questions)",
+        "Model                         Accuracy  4q Latency  GPUs  Decision Index  Brier  conf right/wrong",
+        "h/a (m-a) [SIMULATED]         1/2       470ms       2     66.26           0.123  0.88/-",
+        "h/b (m-b)                     2/2       -ms         0     -               0.000  1.00/0.25",
+        "pm [published: field report]  19/19     170ms       0     ~45             -      -",
+        "pn [published: paper]         17/19     215ms       -     -               -      -",
+        "",
+        "Throughput [SIMULATED] (closed loop, ? s per level, 4-question requests)",
+        "Instance               concurrency 1                  concurrency 4                     concurrency 16",
+        "h/a (m-a) [SIMULATED]  2.0 req/s 8 q/s p99 -ms err 0  8.0 req/s 32 q/s p99 513ms err 1  -",
+        "h/b (m-b)              -                              -                                 30.0 req/s 120 q/s p99 900ms err 0",
+        "",
+        "GPUs and memory [SIMULATED] (nvidia-smi after the load; a shared GPU's use split by planned budgets)",
+        "Instance               GPUs  used MiB  planned MiB  shares GPUs with",
+        "h/a (m-a) [SIMULATED]  0,1   40010     43764        alpha, zeta",
+        "h/b (m-b)              -     -         -            -",
+        "NOT BENCHED: h/c (m-c): /health answered 201",
+        "NOT BENCHED: h/d (m-d) [SIMULATED]: /health answered -1",
+    ]
+
+
+def test_table_of_a_measured_report_without_published_rows() -> None:
+    report = {"suite": {"name": "t", "cases": 1, "questions": 1}, "settings": {"duration_s": 2.5}, "instances": [entry("z", False)]}
+    assert b.bench_table(report) == [
+        "Latency (p50 / p95 / p99, one request at a time)",
+        "Config     2-question latency  4-question latency",
+        "h/z (m-z)  - / - / - ms        - / - / - ms",
+        "",
+        "Accuracy (suite t: 1 cases, 1 questions)",
+        "Model      Accuracy  4q Latency  GPUs  Decision Index  Brier  conf right/wrong",
+        "h/z (m-z)  0/2       -ms         1     -               -      -/-",
+        "",
+        "Throughput (closed loop, 2.5 s per level, 4-question requests)",
+        "Instance",
+        "h/z (m-z)",
+        "",
+        "GPUs and memory (nvidia-smi after the load; a shared GPU's use split by planned budgets)",
+        "Instance   GPUs  used MiB  planned MiB  shares GPUs with",
+        "h/z (m-z)  0     -         -            -",
+    ]

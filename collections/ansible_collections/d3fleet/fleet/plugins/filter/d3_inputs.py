@@ -55,7 +55,7 @@ def canonical_flag(token: str, known: list[str] | tuple[str, ...] | set[str]) ->
         return key, value, ""
     name, _, sub = key[2:].partition(".")
     flag = "--" + name.replace("_", "-")
-    if flag not in known and len(flag) > 2:
+    if len(flag) > 2:  # a known flag matches itself: alone it stays, with longer ones it is kept as given (the same)
         matches = [k for k in known if k.startswith(flag)]
         if len(matches) == 1:
             flag = matches[0]
@@ -90,9 +90,9 @@ def env_problems(env: Any) -> list[tuple[str, str, str]]:
 
 def check(kind: str, value: Any) -> str | None:
     """None when ``value`` is a valid ``kind``, else what is wrong with it."""
-    text = "" if value is None else str(value)
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         return f"expected text, got {type(value).__name__}"
+    text = str(value)
     if not control_free(text):
         return "contains a control character (newline, tab, escape...)"
     if kind == "path":

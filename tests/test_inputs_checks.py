@@ -108,9 +108,11 @@ CONTROL = "contains a control character (newline, tab, escape...)"
         ("https_url", "https://h/", None),
         ("https_url", "https://h.example-1.org:65535/a._~%2F/+@=-", None),
         ("https_url", "https://h:1", None),
+        ("https_url", "https://Lab-APT.Example:8443/Key/A", None),  # upper case in the host and the path
         ("https_url", "https://h:123456", HTTPS),
         ("https_url", "https://h:", HTTPS),
         ("https_url", "https://", HTTPS),
+        ("https_url", "https:///gpgkey", HTTPS),
         ("https_url", "http://h/", HTTPS),
         ("https_url", "HTTPS://h/", HTTPS),
         ("https_url", " https://h/", HTTPS),
@@ -124,7 +126,10 @@ CONTROL = "contains a control character (newline, tab, escape...)"
         ("url", "http://h", None),
         ("url", "http://10.0.0.1:8000/v1", None),
         ("url", "https://h:8443/a", None),
+        ("url", "http://Router.LAN/V1", None),
         ("url", "ftp://h", URL),
+        ("url", "http://", URL),  # no host
+        ("url", "http:///v1", URL),
         ("url", "http://h:123456", URL),
         ("url", "http://h/ x", URL),
         ("url", "http://h/#x", URL),

@@ -123,8 +123,9 @@ def fatal_lines(stdout: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def ee_hosts(converged: list[str]) -> list[str]:
-    return sorted(labkit.host_per_suite(converged).values())
+def ee_hosts(converge_run: labkit.Run, host_names: list[str]) -> list[str]:
+    """A host of each Debian release of the converged fleet (the session's converge)."""
+    return sorted(labkit.host_per_suite(host_names).values())
 
 
 @pytest.fixture(scope="module")

@@ -300,3 +300,10 @@ KNOWN = ["--host", "--port", "--max-model-len", "--max-num-seqs", "--seed", "--s
 )
 def test_canonical_flag(token: str, read: tuple[str, str | None, str]) -> None:
     assert canonical_flag(token, KNOWN) == read
+
+
+def test_the_empty_flag_name_is_no_prefix_even_of_a_single_known_flag() -> None:
+    # with one known flag, "--" would be its unique prefix: the name must be longer than "--" to abbreviate
+    assert canonical_flag("--", ["--host"]) == ("--", None, "")
+    assert canonical_flag("--=0.0.0.0", ["--host"]) == ("--", "0.0.0.0", "")
+    assert canonical_flag("--h", ["--host"]) == ("--host", None, "")

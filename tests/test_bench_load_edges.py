@@ -110,6 +110,25 @@ def test_client_reports_a_failed_request_and_reconnects() -> None:
     assert c.conn is None
 
 
+class Ticks:
+    """time for bench_load: perf_counter steps 0.25 s at each read."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def perf_counter(self) -> float:
+        self.t += 0.25
+        return self.t
+
+
+def test_client_times_each_request_in_ms(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_load, "time", Ticks())
+    c = bench_load.Client(server, 5.0, None)
+    assert c.call("GET", "/a")[2] == 250.0
+    c.close()
+    assert bench_load.Client("http://127.0.0.1:9", 2.0, None).call("GET", "/")[2] == 250.0  # a failed one too
+
+
 def test_encode_and_short_errors() -> None:
     assert bench_load.encode("m", {"state": "s", "questions": {}}) == b'{"model": "m", "state": "s", "questions": {}}'
     assert bench_load.short_error(500, b"engine dead") == "HTTP 500: engine dead"
@@ -213,21 +232,24 @@ class Timed(Scripted):
 
     CLOCK = Clock()
     STEP = 0.25
+    HOLD = 10.0
     RELEASE = threading.Event()
+    seen_threads: ClassVar[set[tuple[str, bool]]] = set()
 
     def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, float]:
         status, data, _ = super().call(method, path, body)
+        self.seen_threads.add((threading.current_thread().name, threading.current_thread().daemon))
         if status == -9:
             raise RuntimeError("boom")
         if status == -8:
-            self.RELEASE.wait(10)
+            self.RELEASE.wait(self.HOLD)
         self.CLOCK.now += self.STEP
         return status, data, 10.0 * len(self.CALLS)
 
 
 @pytest.fixture
 def timed(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Timed]]:
-    Timed.SCRIPT, Timed.CALLS, Timed.CLOCK, Timed.STEP = {}, [], Clock(), 0.25
+    Timed.SCRIPT, Timed.CALLS, Timed.CLOCK, Timed.STEP, Timed.HOLD, Timed.seen_threads = {}, [], Clock(), 0.25, 10.0, set()
     Timed.RELEASE.clear()
     monkeypatch.setattr(bench_load, "Client", Timed)
     monkeypatch.setattr(bench_load, "time", Timed.CLOCK)
@@ -243,12 +265,14 @@ TARGET = {"name": "t", "url": "http://t", "model": "m", "api_key": "k"}
 
 def test_a_level_runs_until_the_deadline(timed: type[Timed]) -> None:
     timed.SCRIPT = {("POST", "/p"): [(200, b""), (500, b"dead"), (200, b""), (-1, b"ConnectionResetError: x")]}
+    timed.CLOCK.main_now = 1.23456  # when the main thread times the level
     row = bench_load.load_level(TARGET, "/p", b"{}", 1, 1.0, 0, 60.0)
     # calls at 0, .25, .5, .75 (each .25 s): the 4th ends at the deadline; the latencies are 20 and 40 ms
     assert row == {"requests": 4, "errors": 2, "error_examples": ["ConnectionResetError: x", "HTTP 500: dead"],
-                   "elapsed_s": 1.0, "requests_per_s": 2.0, "_ok": 2, "n": 2, "mean": 30.0, "min": 20.0, "p50": 30.0,
+                   "elapsed_s": 1.235, "requests_per_s": 1.62, "_ok": 2, "n": 2, "mean": 30.0, "min": 20.0, "p50": 30.0,
                    "p95": 39.0, "p99": 39.8, "max": 40.0}
     assert timed.CALLS[0] == ("new", "http://t", 60.0, "k") and timed.CALLS[-1] == ("close", "http://t")
+    assert timed.seen_threads == {("d3-bench-0", True)}
 
 
 def test_a_level_stops_at_max_requests_and_keeps_three_error_examples(timed: type[Timed]) -> None:
@@ -270,11 +294,21 @@ def test_a_failing_thread_is_an_error_not_a_silent_death(timed: type[Timed]) -> 
 
 def test_a_thread_still_running_after_the_deadline_is_an_error(timed: type[Timed]) -> None:
     timed.SCRIPT = {("POST", "/p"): [(-8, b"")]}
+    timed.HOLD, timed.STEP = 0.3, 5.0  # each thread's one request takes 0.3 s (real), then its level is over
     timed.CLOCK.main_now = 1.0 + 2.5 + 5.0  # the main thread's clock: the deadline plus timeout plus 5 s have passed
     row = bench_load.load_level(TARGET, "/p", b"{}", 2, 1.0, 0, 2.5)
     assert (row["requests"], row["errors"], row["_ok"]) == (2, 2, 0)
     assert row["error_examples"] == ["load thread still running 2.5 s after the deadline"]
     assert (row["elapsed_s"], row["requests_per_s"]) == (8.5, 0.0)
+    assert timed.seen_threads == {("d3-bench-0", True), ("d3-bench-1", True)}  # daemons: they never hold the exit
+
+
+def test_threads_are_waited_for_until_the_deadline_plus_timeout_plus_5_s(timed: type[Timed]) -> None:
+    timed.SCRIPT = {("POST", "/p"): [(-8, b"late")]}
+    timed.HOLD, timed.STEP = 0.3, 5.0
+    timed.CLOCK.main_now = 1.0 + 2.5 + 5.0 - 3.0  # 3 s (real) left to wait: the threads end within them
+    row = bench_load.load_level(TARGET, "/p", b"{}", 2, 1.0, 0, 2.5)
+    assert (row["requests"], row["errors"], row["error_examples"], row["elapsed_s"]) == (2, 2, ["HTTP -8: late"], 5.5)
 
 
 # --------------------------------------------------------------------------------------------- a whole target

@@ -131,6 +131,9 @@ def test_a_case_question_overrides_the_shared_one() -> None:
         ({"state": "x", "questions": ["team", "team", "urgent", "tone"]},
          ["latency.questions must list four distinct question ids, not ['team', 'team', 'urgent', 'tone']"]),
         ({"state": "x", "questions": "abcd"}, ["latency.questions must list four distinct question ids, not 'abcd'"]),
+        # ids are compared as text: 1 and "1" are the same question
+        ({"state": "x", "questions": ["team", "urgent", 1, "1"]},
+         ["latency.questions must list four distinct question ids, not ['team', 'urgent', 1, '1']"]),
         ({"state": "x", "questions": ["team", "urgent", "tone"]},
          ["latency.questions must list four distinct question ids, not ['team', 'urgent', 'tone']"]),
         ({"state": "x", "questions": ["team", "urgent", "late", "why"]},

@@ -426,6 +426,20 @@ def test_module_accepts_the_edges_of_the_settings(capsys: pytest.CaptureFixture[
     assert out["results"] == [{"name": "a", "samples": 0}] and "failed" not in out
 
 
+def test_module_converts_its_numbers(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(bench_load, "bench_target", lambda p, t: seen.append(p) or {"name": t["name"]})
+    run_module(bench_load, capsys, targets=[{"name": "a", "url": "u", "model": "m"}], concurrency=["2", 3], samples="5",
+               warmup="1", duration_s="2", max_requests="7", timeout="9", load_request="q2", path="/x", api_key="k",
+               cases=[{"id": "c"}], latency_requests=[{"label": "q2"}])
+    (p,) = seen
+    got = {k: p[k] for k in ("concurrency", "samples", "warmup", "duration_s", "max_requests", "timeout", "load_request",
+                             "path", "api_key", "cases", "latency_requests")}
+    assert got == {"concurrency": [2, 3], "samples": 5, "warmup": 1, "duration_s": 2.0, "max_requests": 7, "timeout": 9.0,
+                   "load_request": "q2", "path": "/x", "api_key": "k", "cases": [{"id": "c"}], "latency_requests": [{"label": "q2"}]}
+    assert [type(p[k]) for k in ("samples", "duration_s", "timeout")] == [int, float, float]
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [

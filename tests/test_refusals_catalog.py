@@ -23,10 +23,10 @@ GOOD: dict[str, Any] = {
     "d3_model_revisions": {"d3-edge": SHA, "d3-lite": SHA, "d3": SHA},
 }  # fmt: skip
 # Rows plan.yml cannot judge: the host's probe (preflight), the weights, toolkit and firewall roles' checks (site.yml
-# and rollout.yml run them; they read the host), and an unpinned revision (plan.yml previews unpinned models on
-# purpose; site.yml refuses them).
+# and rollout.yml run them; they read the host), an unpinned revision (plan.yml previews unpinned models on
+# purpose; site.yml refuses them), and an inventory d3_units_image_ref (plan.yml renders with d3_image_name).
 PLAN_YML_JUDGES = [r for r in catalog() if (r.stage == "plan" or r.variable.startswith(("d3_image_", "d3_units_")))
-                   and r.id != "unpinned"]  # fmt: skip
+                   and r.id not in ("unpinned", "image-ref")]  # fmt: skip
 
 
 def failures(stdout: str) -> dict[str, list[str]]:

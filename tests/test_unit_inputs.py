@@ -17,6 +17,7 @@ PLAY = """- hosts: all
     - ansible.builtin.import_role: {name: d3_units, tasks_from: validate.yml}
 """
 INJECTING = [
+    {"d3_units_image_ref": "docker.io/vllm/vllm-openai:nightly\n[Service]\nExecStartPre=/bin/id"},
     {"d3_units_cdi_unit": "x.service\n[Service]\nExecStartPre=/bin/sh -c id"},
     {"d3_units_cdi_unit": "nvidia-cdi-refresh.service\n"},
     {"d3_units_wait_ready": "/usr/local/bin/x; rm -rf /"},

@@ -247,7 +247,7 @@ def _memory(instance: dict[str, Any], gpus_now: list[dict[str, Any]], plan: dict
     return {"per_gpu": per_gpu, "used_mib": round(attributed) if known else None, "budget_mib": planned or None}
 
 
-def _is_simulated(version: str, markers: list[str]) -> bool:
+def _is_simulated(version: str | None, markers: list[str]) -> bool:
     return any(m and m in (version or "") for m in markers)
 
 
@@ -282,7 +282,7 @@ def bench_report(
                 "url": res["url"],
                 "image_ref": h.get("image_ref") or "",
                 "server_version": res.get("version") or "",
-                "simulated": bool(simulated) if simulated is not None else _is_simulated(res.get("version", ""), markers),
+                "simulated": bool(simulated) if simulated is not None else _is_simulated(res.get("version"), markers),
                 "health": res.get("health"),
                 "gpu_count": len(inst["gpus"]) if inst else int((extra.get(res["name"]) or {}).get("gpus") or 0),
                 "gpus": list(inst["gpus"]) if inst else [],

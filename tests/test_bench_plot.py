@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible.module_utils._internal import _traceback
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections"))
@@ -164,6 +165,7 @@ def test_accuracy_vs_latency_of_an_empty_report(figures: list[Any], tmp_path: Pa
     for n, coll in enumerate(ax.collections):
         hollow_star(coll, n, n / 10, "*PXD^vso"[n % 8], f"published (published, its own 10 questions): m{n} {n}/10")
     decorated(figures[0], ax, "Accuracy vs 4-question latency (suite None, None questions)", simulated=False)
+    assert ax.get_ylim() == (-0.02, 1.05)  # the full scale, though no point is above 0.8
 
 
 # --------------------------------------------------------------------------------------------- the module
@@ -219,6 +221,8 @@ def test_module_refuses_bad_arguments(capsys: pytest.CaptureFixture[str], tmp_pa
 def test_module_without_matplotlib_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_plot, "HAS_MPL", False)
     monkeypatch.setattr(bench_plot, "MPL_ERROR", "Traceback: no matplotlib")
+    monkeypatch.setattr(_traceback, "_is_traceback_enabled", lambda event: event is _traceback.TracebackEvent.ERROR)
     out = run_module(bench_plot, capsys, report=REPORT, dest=str(tmp_path / "p"))
     assert out["failed"] is True and out["msg"].startswith("Failed to import the required Python library (matplotlib) on ")
     assert "Please read the module documentation and install it" in out["msg"] and not (tmp_path / "p").exists()
+    assert out["exception"] == "Traceback: no matplotlib"  # the import's traceback, when tracebacks are asked for

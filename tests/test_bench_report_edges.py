@@ -82,6 +82,11 @@ def test_questions_that_are_not_a_mapping_stop_the_check() -> None:
         "format is 'v0', expected 'd3-bench-suite/1'", "questions must be a mapping of id -> question"]
 
 
+def test_a_shared_question_is_named_in_its_problem() -> None:
+    questions = {"team": TEAM, "urgent": URGENT, "tone": TONE, "refund": REFUND, "rank": {"type": "rank", "instructions": "x"}}
+    assert b.suite_problems(suite(questions=questions)) == ["question 'rank': type 'rank' is not one of choice, noul, score"]
+
+
 def test_cases_missing_or_empty() -> None:
     assert b.suite_problems(suite(cases=None)) == ["cases must be a non-empty list"]
     assert b.suite_problems(suite(cases={"a": {}})) == ["cases must be a non-empty list"]

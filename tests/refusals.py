@@ -38,3 +38,12 @@ def catalog() -> list[Refusal]:
     ids = [r.id for r in rows]
     assert len(ids) == len(set(ids)), "duplicate ids in docs/refusals.md"
     return rows
+
+
+def plan_yml_judges() -> list[Refusal]:
+    """The rows plan.yml can judge (tests/test_refusals_catalog.py). Not: the host's probe (preflight), the weights,
+    toolkit and firewall roles' checks (site.yml and rollout.yml run them; they read the host), an unpinned revision
+    (plan.yml previews unpinned models on purpose; site.yml refuses them), and an inventory d3_units_image_ref (plan.yml
+    renders with d3_image_name)."""
+    return [r for r in catalog() if (r.stage == "plan" or r.variable.startswith(("d3_image_", "d3_units_")))
+            and r.id not in ("unpinned", "image-ref")]  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from refusals import Refusal, catalog
+from refusals import Refusal, catalog, plan_yml_judges
 from testkit import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,11 +22,7 @@ GOOD: dict[str, Any] = {
     "ansible_host": "192.0.2.1", "ansible_port": 1, "d3_gpu_count": 4, "d3_models": [{"model": "d3-edge"}],
     "d3_model_revisions": {"d3-edge": SHA, "d3-lite": SHA, "d3": SHA},
 }  # fmt: skip
-# Rows plan.yml cannot judge: the host's probe (preflight), the weights, toolkit and firewall roles' checks (site.yml
-# and rollout.yml run them; they read the host), an unpinned revision (plan.yml previews unpinned models on
-# purpose; site.yml refuses them), and an inventory d3_units_image_ref (plan.yml renders with d3_image_name).
-PLAN_YML_JUDGES = [r for r in catalog() if (r.stage == "plan" or r.variable.startswith(("d3_image_", "d3_units_")))
-                   and r.id not in ("unpinned", "image-ref")]  # fmt: skip
+PLAN_YML_JUDGES = plan_yml_judges()  # the others are judged by site.yml only (tests/lab/test_refusals.py)
 
 
 def failures(stdout: str) -> dict[str, list[str]]:

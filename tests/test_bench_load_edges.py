@@ -265,11 +265,11 @@ TARGET = {"name": "t", "url": "http://t", "model": "m", "api_key": "k"}
 
 def test_a_level_runs_until_the_deadline(timed: type[Timed]) -> None:
     timed.SCRIPT = {("POST", "/p"): [(200, b""), (500, b"dead"), (200, b""), (-1, b"ConnectionResetError: x")]}
-    timed.CLOCK.main_now = 1.23456  # when the main thread times the level
+    timed.CLOCK.main_now = 1.30016  # when the main thread times the level
     row = bench_load.load_level(TARGET, "/p", b"{}", 1, 1.0, 0, 60.0)
     # calls at 0, .25, .5, .75 (each .25 s): the 4th ends at the deadline; the latencies are 20 and 40 ms
     assert row == {"requests": 4, "errors": 2, "error_examples": ["ConnectionResetError: x", "HTTP 500: dead"],
-                   "elapsed_s": 1.235, "requests_per_s": 1.62, "_ok": 2, "n": 2, "mean": 30.0, "min": 20.0, "p50": 30.0,
+                   "elapsed_s": 1.3, "requests_per_s": 1.54, "_ok": 2, "n": 2, "mean": 30.0, "min": 20.0, "p50": 30.0,
                    "p95": 39.0, "p99": 39.8, "max": 40.0}
     assert timed.CALLS[0] == ("new", "http://t", 60.0, "k") and timed.CALLS[-1] == ("close", "http://t")
     assert timed.seen_threads == {("d3-bench-0", True)}
@@ -356,6 +356,15 @@ def test_questions_per_s_of_a_level_without_elapsed_time(timed: type[Timed]) -> 
     assert [(t["requests"], t["elapsed_s"], t["requests_per_s"], t["questions_per_s"]) for t in out["throughput"]] == [(3, 0.0, 0.0, 0.0)]
 
 
+def test_questions_per_s_is_rounded_to_2_places(timed: type[Timed], monkeypatch: pytest.MonkeyPatch) -> None:
+    timed.SCRIPT = {("GET", "/health"): [(200, b"")], ("GET", "/version"): [(200, b"{}")], ("POST", "/p"): [(200, b"{}")]}
+    monkeypatch.setattr(bench_load, "load_level", lambda *a: {"requests": 3, "errors": 1, "elapsed_s": 1.3, "_ok": 2})
+    out = bench_load.bench_target(params(concurrency=[5]), {"name": "n", "url": "u", "model": "m"})
+    # 2 requests of 4 questions in 1.3 s
+    assert out["throughput"] == [{"concurrency": 5, "questions": 4, "requests": 3, "errors": 1, "elapsed_s": 1.3,
+                                  "questions_per_s": 6.15}]
+
+
 def test_an_unhealthy_target_is_closed_and_skipped(timed: type[Timed]) -> None:
     timed.SCRIPT = {("GET", "/health"): [(-1, b"refused")]}
     out = bench_load.bench_target(params(), {"name": "n", "url": "http://u", "model": "m"})
@@ -438,6 +447,36 @@ def test_module_converts_its_numbers(capsys: pytest.CaptureFixture[str], monkeyp
     assert got == {"concurrency": [2, 3], "samples": 5, "warmup": 1, "duration_s": 2.0, "max_requests": 7, "timeout": 9.0,
                    "load_request": "q2", "path": "/x", "api_key": "k", "cases": [{"id": "c"}], "latency_requests": [{"label": "q2"}]}
     assert [type(p[k]) for k in ("samples", "duration_s", "timeout")] == [int, float, float]
+
+
+def test_module_does_not_run_in_check_mode(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_load, "bench_target", lambda p, t: pytest.fail("benched in check mode"))
+    out = run_module(bench_load, capsys, targets=[{"name": "a", "url": "u", "model": "m"}], _ansible_check_mode=True)
+    assert out["skipped"] is True and out["msg"] == "remote module (basic.py) does not support check mode"
+
+
+def test_module_marker_is_a_path(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "marker").write_text("")
+    out = run_module(bench_load, capsys, targets=[{"name": "a", "url": "u", "model": "m"}], refuse_if_exists="~/marker")
+    assert out["failed"] is True and out["msg"].startswith(f"{tmp_path}/marker exists: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "missing required arguments: targets"),
+        ({"targets": [{"name": "a", "url": "u", "model": "m"}], "cases": ["c1"]},
+         "Elements value for option 'cases' is of type str and we were unable to convert to dict"),
+        ({"targets": [{"name": "a", "url": "u", "model": "m"}], "latency_requests": ["q2"]},
+         "Elements value for option 'latency_requests' is of type str and we were unable to convert to dict"),
+    ],
+)
+def test_module_refuses_a_missing_target_list_and_requests_that_are_not_mappings(
+    capsys: pytest.CaptureFixture[str], args: dict[str, Any], message: str
+) -> None:
+    out = run_module(bench_load, capsys, **args)
+    assert out["failed"] is True and message in out["msg"], out["msg"]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 .PHONY: help venv check lint unit lab-tests test plan lab lab-images lab-down demo molecule mutation clean
 
 help:
-	@echo "make demo      bring up the lab and run site.yml against it (ends with a decision through the router)"
+	@echo "make demo      bring up the lab (2 hosts + a router) and run site.yml against it (ends with a decision through the router)"
 	@echo "make test      lint + unit + lab (3 hosts) + ee + lab-tests + molecule (the whole suite)"
 	@echo "make check     the quick tier, under a minute: ruff, yamllint, the tests that start neither Ansible nor podman"
 	@echo "make lint      ansible-lint (production), yamllint, ruff"
@@ -66,7 +66,11 @@ lab-images: venv
 lab-down: venv
 	ansible-playbook playbooks/lab-down.yml
 
-demo: lab
+# The demo's lab: a Debian 13 host (Quadlet: the 27B on two GPUs, d3-mini, d3-edge), a Debian 12 host (classic units:
+# d3-flash, d3-nano, d3-lite) and the router; `make lab` alone (and make test) starts three hosts.
+DEMO_HOSTS ?= 2
+demo: venv
+	$(MAKE) lab LAB_HOSTS=$(DEMO_HOSTS)
 	ansible-playbook site.yml -i inventories/lab -l 'l4-nodes:d3-routers'
 
 molecule: lab

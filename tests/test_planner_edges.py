@@ -36,7 +36,7 @@ CATALOG = {
     "plain": entry(),
     "big": entry(hf_repo="org/big", instance_name="big", weights_fp8_gb=80),
     "multi": entry(hf_repo="org/multi", instance_name="multi", default_variant="fp8", variants=VARIANTS,
-                   kv_cache={"full_attention_layers": 4, "num_key_value_heads": 2, "head_dim": 128}),
+                   architecture={"text": {"num_hidden_layers": 16, "full_attention_interval": 4, "num_key_value_heads": 2, "head_dim": 128}}),
     "local": entry(hf_repo="local-model", instance_name="local"),
 }  # fmt: skip
 GPU = [{"index": 0, "name": "NVIDIA L4", "memory_total_mib": 10000}]
@@ -162,7 +162,7 @@ def test_models_that_are_not_a_list_and_the_default_host() -> None:
 
 # --- refusals whose wording depends on the variant, the TP hint's boundaries (open gaps in docs/mutation.md) ----------
 
-KV = {"full_attention_layers": 4, "num_key_value_heads": 2, "head_dim": 128}  # 4 KiB per token: 16 MiB at 4096 tokens
+KV = {"text": {"num_hidden_layers": 16, "full_attention_interval": 4, "num_key_value_heads": 2, "head_dim": 128}}  # 4 KiB per token: 16 MiB at 4096 tokens
 
 
 def sized(weights_mib: int) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def test_the_kv_cache_refusal_with_enforce_eager_does_not_offer_it() -> None:
      ({"only": {}, "other": {"hf_repo": "org/other"}}, ", or pick a smaller variant")],
 )  # fmt: skip
 def test_the_kv_cache_refusal_offers_a_smaller_variant_only_when_there_is_another(variants: dict[str, Any], fix: str) -> None:
-    catalog = {"kv": entry(hf_repo="org/kv", instance_name="kv", default_variant="only", variants=variants, kv_cache=KV)}
+    catalog = {"kv": entry(hf_repo="org/kv", instance_name="kv", default_variant="only", variants=variants, architecture=KV)}
     for eager, keep in ((False, ", or keep --enforce-eager"), (True, "")):
         result = d3_plan([{"model": "kv"}], catalog, {**COMMON, "enforce_eager": eager}, GPU, host="h", options={"allow_cuda_graphs": True})
         assert result["errors"] == [

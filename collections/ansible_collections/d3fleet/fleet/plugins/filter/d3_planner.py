@@ -494,12 +494,12 @@ class _Planner:
         """Per-GPU memory an instance needs: its weights share, the runtime overhead, the bf16 KV cache of the
         full-attention layers for --max-model-len (GDN state sits in the runtime overhead) and, unless no_probe, the
         field report's fixed 18.4 GB encoder probe when CUDA graphs are captured (without --enforce-eager)."""
-        shape = entry.get("kv_cache") or {}
+        text = (entry.get("architecture") or {}).get("text") or {}
         kv_mib = 0
-        if shape:
+        if text:
+            full_layers = int(text["num_hidden_layers"]) // int(text["full_attention_interval"])
             per_token = (
-                2 * int(shape["full_attention_layers"]) * -(-int(shape["num_key_value_heads"]) // tp)
-                * int(shape["head_dim"]) * 2
+                2 * full_layers * -(-int(text["num_key_value_heads"]) // tp) * int(text["head_dim"]) * 2
             )  # fmt: skip
             kv_mib = -(-per_token * max_len // MIB)
         probe_mib = 0 if eager or no_probe else mib_of_gb(ENCODER_PROBE_GB)

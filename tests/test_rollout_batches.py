@@ -80,5 +80,14 @@ def test_the_refusal_says_how_to_fix_it() -> None:
 
 
 def test_exports() -> None:
-    assert FilterModule().filters() == {"d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems,
-                                        "d3_rollout_downtimes": rollout_downtimes, "d3_systemctl_show": systemctl_show}  # fmt: skip
+    filters = FilterModule().filters()
+    assert {k: filters[k] for k in ("d3_rollout_batches", "d3_rollout_drain_problems", "d3_rollout_downtimes", "d3_systemctl_show")} == {
+        "d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems,
+        "d3_rollout_downtimes": rollout_downtimes, "d3_systemctl_show": systemctl_show}  # fmt: skip
+    assert sorted(filters) == sorted(["d3_rollout_batches", "d3_rollout_drain_problems", "d3_rollout_slice_problems",
+                                      "d3_rollout_drain_check", "d3_rollout_drain_plan", "d3_rollout_drain_records",
+                                      "d3_rollout_restore_plan", "d3_rollout_progress", "d3_rollout_batch_line",
+                                      "d3_rollout_failure_cause", "d3_rollout_downtimes", "d3_rollout_rows",
+                                      "d3_rollout_summary", "d3_systemctl_show"])  # fmt: skip
+    assert all(filters[k].__name__ == k.removeprefix("d3_rollout_").replace("d3_", "") or k in (
+        "d3_rollout_batches", "d3_rollout_drain_problems", "d3_rollout_downtimes", "d3_rollout_rows") for k in filters)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from d3_status import FilterModule, status_rows, status_table
+from d3_status import FilterModule, status_drains, status_rows, status_table
 
 WANTED = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64
@@ -95,7 +95,8 @@ def test_table_is_aligned_and_truncated() -> None:
 
 
 def test_filter_plugin_exports() -> None:
-    assert FilterModule().filters() == {"d3_status_rows": status_rows, "d3_status_table": status_table}
+    assert FilterModule().filters() == {"d3_status_rows": status_rows, "d3_status_table": status_table,
+                                        "d3_status_drains": status_drains}
 
 
 def test_an_unresolved_wanted_digest_is_unknown_not_no_drift() -> None:
@@ -134,3 +135,18 @@ def test_a_lost_gpu_names_the_instance_and_the_gpu() -> None:
     # a recorded instance dropped by a working plan is "not in the inventory"
     dropped = status_rows(plan, "l4-a", [mini], READY, WANTED, {"deployed": deployed})[1]
     assert dropped["drift"] == ["not in the inventory", "not running"] and dropped["health"] == "-"
+
+
+def test_drains_left_by_an_interrupted_rollout_name_server_host_instance_and_state_now() -> None:
+    records = [{"backend": "be_a", "server": "h1-a", "host": "h1", "instance": "a", "since": "2026-12-01T19:00:00Z"},
+               {"backend": "be_b", "server": "h2-b"}]  # fmt: skip
+    rows = [{"backend": "be_a", "server": "h1-a", "status": "DRAIN"}, {"backend": "be_b", "server": "h9-b", "status": "UP"},
+            {"backend": "be_b", "server": "h2-b", "status": ""}]  # fmt: skip
+    assert status_drains(records, rows, "r1") == [
+        "router r1: be_a/h1-a (host h1, instance a) left by an interrupted rollout, drained since 2026-12-01T19:00:00Z, "
+        "now DRAIN. The next rollout.yml or site.yml gives it back.",
+        "router r1: be_b/h2-b (host ?, instance ?) left by an interrupted rollout, drained since ?, now ?. The next "
+        "rollout.yml or site.yml gives it back.",
+    ]
+    assert "now not in the router's configuration." in status_drains(records[:1], [], "r1")[0]
+    assert status_drains([], rows, "r1") == []

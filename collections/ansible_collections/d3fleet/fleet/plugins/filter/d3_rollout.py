@@ -1,5 +1,7 @@
-"""Rollout batches, replica availability and downtimes (filters ``d3_rollout_batches``, ``d3_rollout_drain_problems``,
-``d3_rollout_downtimes``, ``d3_systemctl_show``).
+"""Rollout batches, replica availability, drains, progress, failures and downtimes (filters ``d3_rollout_batches``,
+``d3_rollout_drain_problems``, ``d3_rollout_slice_problems``, ``d3_rollout_drain_check``, ``d3_rollout_drain_plan``,
+``d3_rollout_drain_records``, ``d3_rollout_restore_plan``, ``d3_rollout_progress``, ``d3_rollout_failure_cause``,
+``d3_rollout_downtimes``, ``d3_rollout_rows``, ``d3_rollout_summary``, ``d3_systemctl_show``).
 
 Pure functions. A rollout restarts hosts in batches (the restart play's ``serial``); behind a router, every replica of a
 model on a host of the current batch is drained at once, so a batch must never hold all of a model's replicas nor more
@@ -9,7 +11,11 @@ restart, from the same batches Ansible will make.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
+
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_table import table
 
 
 def _batch_size(value: Any, total: int) -> int:
@@ -86,34 +92,270 @@ def systemctl_show(text: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def rollout_downtimes(times: list[dict[str, Any]], smoke_results: list[dict[str, Any]]) -> list[str]:
-    """One line per instance the rollout started or restarted, from the looped ``systemctl show
-    --property=ActiveExitTimestampMonotonic,InactiveExitTimestampMonotonic`` results (``item``: a d3_units_restarted
-    entry {name, unit, new, reason}; ``stdout``) and the smoke test's ``ready_monotonic`` (seconds, the host's
-    monotonic clock; systemd's monotonic timestamps are microseconds on the same clock). A restarted instance was down
-    from its unit's stop to ready; a new one was not serving before, so its time from start to ready is shown."""
+def _unit_windows(times: list[dict[str, Any]], smoke_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per started or restarted instance: {item, s} - a restarted one's seconds from its unit's stop to ready, a new
+    one's from its start to ready; s None when the smoke test has no ready time for it."""
     ready = {row["instance"]: float(row["ready_monotonic"]) for row in smoke_results}
     out = []
     for result in times:
         item = result["item"]
         show = dict(line.split("=", 1) for line in str(result.get("stdout") or "").splitlines() if "=" in line)
         at = ready.get(item["name"])
-        if at is None:
-            out.append(f"{item['unit']}: {'new' if item.get('new') else 'restarted'}; no ready time from the smoke test")
-        elif item.get("new"):
-            started = float(show.get("InactiveExitTimestampMonotonic") or 0) / 1e6
-            out.append(f"{item['unit']}: new, ready {round(at - started, 1)} s after its start (no downtime: it was not "
-                       "serving)")  # fmt: skip
-        else:
-            stopped = float(show.get("ActiveExitTimestampMonotonic") or 0) / 1e6
-            out.append(f"{item['unit']}: down {round(at - stopped, 1)} s (unit stop to ready; {item.get('reason')}; "
-                       "smoke passed)")  # fmt: skip
+        key = "InactiveExitTimestampMonotonic" if item.get("new") else "ActiveExitTimestampMonotonic"
+        out.append({"item": item, "s": None if at is None else round(at - float(show.get(key) or 0) / 1e6, 1)})
     return out
 
 
+def rollout_downtimes(times: list[dict[str, Any]], smoke_results: list[dict[str, Any]]) -> list[str]:
+    """One line per instance the rollout started or restarted, from the looped ``systemctl show
+    --property=ActiveExitTimestampMonotonic,InactiveExitTimestampMonotonic`` results (``item``: a d3_units_restarted
+    entry {name, unit, new, reason}; ``stdout``) and the smoke test's ``ready_monotonic`` (seconds, the host's
+    monotonic clock; systemd's monotonic timestamps are microseconds on the same clock). A restarted instance was down
+    from its unit's stop to ready; a new one was not serving before, so its time from start to ready is shown."""
+    out = []
+    for window in _unit_windows(times, smoke_results):
+        item, seconds = window["item"], window["s"]
+        if seconds is None:
+            out.append(f"{item['unit']}: {'new' if item.get('new') else 'restarted'}; no ready time from the smoke test")
+        elif item.get("new"):
+            out.append(f"{item['unit']}: new, ready {seconds} s after its start (no downtime: it was not serving)")
+        else:
+            out.append(f"{item['unit']}: down {seconds} s (unit stop to ready; {item.get('reason')}; smoke passed)")
+    return out
+
+
+def slice_problems(slice_count: Any, slice_number: Any, routers_seen: list[str], routers_declared: Any) -> list[str]:
+    """Refusals for a sliced rollout (AWX job slicing: each slice holds only its own hosts) that could restart hosts
+    without draining them in a router it does not see. ``routers_seen``: the slice's ``groups['d3-routers']``;
+    ``routers_declared``: ``d3_rollout_routers``, every router of the fleet (None when not set). An unsliced run
+    (count <= 1) is never refused here: it sees the whole inventory."""
+    count = int(slice_count or 1)
+    if count <= 1:
+        return []
+    where = f"this rollout is slice {slice_number} of {count} (d3_image_slice_count / d3_image_slice_number)"
+    if not isinstance(routers_declared, list) or not all(isinstance(r, str) and r for r in routers_declared):
+        return [f"{where} and d3_rollout_routers is {json.dumps(routers_declared)}: a slice holds only its own hosts, "
+                "so a slice that sees no router would restart its hosts without draining them. Set d3_rollout_routers "
+                "on the job template to the list of every router of the fleet ([] when it has none)."]  # fmt: skip
+    seen = set(routers_seen or [])
+    problems = []
+    missing = [r for r in routers_declared if r not in seen]
+    if missing:
+        problems.append(f"{where} does not see the routers {', '.join(missing)} (d3_rollout_routers; its group "
+                        f"d3-routers holds {', '.join(sorted(seen)) or 'none'}): it could not drain its hosts in them. "
+                        "Put every router in every slice's inventory or run the rollout unsliced.")  # fmt: skip
+    extra = sorted(seen - set(routers_declared))
+    if extra:
+        problems.append(f"{where} sees the routers {', '.join(extra)}, which d3_rollout_routers does not list: add them "
+                        "to d3_rollout_routers.")  # fmt: skip
+    return problems
+
+
+_EDGE_ROWS = ("FRONTEND", "BACKEND")
+
+
+def _word(status: str) -> str:
+    return str(status or "").split(" ")[0]
+
+
+def _model(server: dict[str, Any]) -> str:
+    backend = str(server.get("backend", ""))
+    return str(server.get("model") or (backend[3:] if backend.startswith("be_") else backend))
+
+
+def drain_check(stats: dict[str, list[dict[str, Any]]], servers: list[dict[str, Any]], batch: list[dict[str, Any]],
+                min_up: Any = 1) -> list[str]:  # fmt: skip
+    """Refusals for draining ``servers`` (one host's {backend, server}) now. ``stats``: router -> its ``show stat`` rows
+    ({backend, server, scur, status}, the module haproxy_runtime's ``stat``); ``batch``: every server the current batch
+    drains (this host's included). In every router, each backend of ``servers`` that has two or more servers must keep
+    at least ``min_up`` others UP outside the batch (a DOWN, NOLB, DRAIN or MAINT server takes no new request). A
+    backend with one server (a model with one replica) is not refused: its restart cannot be hidden from clients."""
+    if isinstance(min_up, bool) or not str(min_up).isdigit() or int(min_up) < 1:
+        return [f"d3_rollout_min_up is {min_up!r}: it must be a whole number, at least 1. Fix the -e value or the inventory."]
+    leaving = {(s.get("backend"), s.get("server")) for s in [*batch, *servers]}
+    problems = []
+    for router in sorted(stats):
+        rows = [r for r in stats[router] if r.get("server") not in _EDGE_ROWS]
+        done: set[str] = set()
+        for server in servers:
+            backend = server.get("backend")
+            if backend in done:
+                continue
+            done.add(backend)
+            members = [r for r in rows if r.get("backend") == backend]
+            if len(members) < 2:
+                continue
+            others = [r for r in members if (r.get("backend"), r.get("server")) not in leaving]
+            up = [r for r in others if _word(r.get("status", "")) == "UP"]
+            if len(up) < int(min_up):
+                mine = ", ".join(s["server"] for s in servers if s.get("backend") == backend)
+                shown = ", ".join(f"{r['server']} ({r.get('status') or '?'})" for r in others) or "none outside this batch"
+                problems.append(
+                    f"router {router}: draining {mine} would leave model {_model(server)} (backend {backend}) with "
+                    f"{len(up)} UP server(s), fewer than d3_rollout_min_up = {min_up}; its other servers: {shown}. The "
+                    "rollout stops before draining: bring those servers up (status.yml shows why they are not), or "
+                    "wait for their health checks."
+                )
+    return problems
+
+
+def drain_plan(stats: dict[str, list[dict[str, Any]]], servers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per router: which of ``servers`` the rollout drains, and which it leaves as it found them. A server an operator
+    put in maintenance (MAINT) or drain (DRAIN) is left: the rollout neither drains nor gives it back. Each entry:
+    {router, drain: [{backend, server, scur}], kept: ["backend/server (STATUS)"], inflight} - ``scur``: the server's
+    current sessions when ``show stat`` was read before the drain; ``inflight``: their sum."""
+    plan = []
+    for router in sorted(stats):
+        rows = {(r.get("backend"), r.get("server")): r for r in stats[router]}
+        drain, kept = [], []
+        for server in servers:
+            row = rows.get((server.get("backend"), server.get("server")), {})
+            word = _word(row.get("status", ""))
+            if word.startswith("MAINT") or word == "DRAIN":
+                kept.append(f"{server['backend']}/{server['server']} ({row['status']})")
+            else:
+                drain.append({"backend": server["backend"], "server": server["server"], "scur": int(row.get("scur") or 0)})
+        plan.append({"router": router, "drain": drain, "kept": kept, "inflight": sum(d["scur"] for d in drain)})
+    return plan
+
+
+def drain_records(text: str) -> list[dict[str, Any]]:
+    """The drain records a router holds (``find DIR -name '*.json' -exec cat {} +``: one JSON object per line, written
+    by the d3_state role's drains.yml). A line that is not a record {backend, server, ...} is skipped."""
+    out = []
+    for line in str(text or "").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("backend"), str) and isinstance(record.get("server"), str):
+            out.append(record)
+    return sorted(out, key=lambda r: (r["backend"], r["server"]))
+
+
+def restore_plan(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The recorded drains (left by an interrupted rollout) to give back: every record whose server the router still
+    lists and that is not in maintenance (MAINT: an operator's, set after the record; it stays)."""
+    status = {(r.get("backend"), r.get("server")): str(r.get("status") or "") for r in rows}
+    return [
+        {"backend": r["backend"], "server": r["server"]}
+        for r in records
+        if (r["backend"], r["server"]) in status and not _word(status[(r["backend"], r["server"])]).startswith("MAINT")
+    ]
+
+
+def progress(batches: list[list[str]], host: str, phase: str, detail: str = "") -> str:
+    """Where a rollout is, for one host: ``batch i of n, HOST: PHASE (detail)`` (``?`` for a host in no batch)."""
+    number = next((str(i) for i, batch in enumerate(batches, start=1) if host in batch), "?")
+    return f"batch {number} of {len(batches)}, {host}: {phase}" + (f" ({detail})" if detail else "")
+
+
+def batch_line(batches: list[list[str]], play_batch: list[str]) -> str:
+    """``batch i of n: hosts a, b`` for the hosts Ansible runs now (``ansible_play_batch``)."""
+    number = next((str(i) for i, batch in enumerate(batches, start=1) if play_batch and play_batch[0] in batch), "?")
+    return f"batch {number} of {len(batches)}: hosts {', '.join(play_batch)}"
+
+
+_LOG_MSG = re.compile(r'time="[^"]*"\s+level=\w+\s+msg="((?:[^"\\]|\\.)*)"')
+
+
+def _unwrap(text: str) -> str:
+    """A skopeo/podman log line (``time="..." level=fatal msg="..."``) as its message, unescaped."""
+    return _LOG_MSG.sub(lambda m: m.group(1).replace('\\"', '"').replace("\\\\", "\\"), text)
+
+
+def failure_cause(result: Any, fallbacks: Any = ()) -> str:
+    """The upstream cause of a failed task, on one line, never empty: the result's ``msg`` (unless it is only
+    Ansible's "non-zero return code"), the last line of its ``stderr``, the same for each failed loop item, then
+    ``fallbacks`` (e.g. the image lookup's error); a log line of skopeo or podman reads as its message."""
+    result = result if isinstance(result, dict) else {}
+    parts: list[str] = []
+
+    def add(one: dict[str, Any]) -> None:
+        msg = str(one.get("msg") or "").strip()
+        if msg and msg != "non-zero return code":
+            parts.append(msg)
+        lines = [line for line in str(one.get("stderr") or "").splitlines() if line.strip()]
+        if lines:
+            parts.append(lines[-1])
+
+    add(result)
+    for item in result.get("results") or []:
+        if isinstance(item, dict) and item.get("failed"):
+            add(item)
+    parts.extend(str(f) for f in (fallbacks or []) if f and str(f).strip())
+    seen: list[str] = []
+    for part in (" ".join(_unwrap(p).split()) for p in parts):
+        if part not in seen:
+            seen.append(part)
+    return " ".join(seen) or "the failed task gave no reason (run again with -v to see its whole result)"
+
+
+def rollout_rows(times: list[dict[str, Any]], smoke_results: list[dict[str, Any]], context: dict[str, Any]) -> list[dict[str, Any]]:
+    """The summary rows of one host's restarted instances: {host, instance, before, after, unit_s, router_s,
+    replicas}. ``context``: {host, before, after (image refs), drained_at, back_at (epoch seconds when the router
+    drain was set and when every router had it back UP; none without routers), servers: the routers' view
+    (host -> instance -> {backend, server})}. ``replicas``: the servers of the instance's backend (0 without
+    routers); ``router_s``: from drain to back, the window the routers sent the instance no request."""
+    view = context.get("servers") or {}
+    mine = view.get(context["host"]) or {}
+    drained, back = context.get("drained_at"), context.get("back_at")
+    router_s = round(float(back) - float(drained), 1) if drained is not None and back is not None and mine else None
+    rows = []
+    for window in _unit_windows(times, smoke_results):
+        name = window["item"]["name"]
+        backend = (mine.get(name) or {}).get("backend")
+        replicas = sum(1 for inst in view.values() for s in inst.values() if backend and s.get("backend") == backend)
+        rows.append({"host": context["host"], "instance": name, "before": context.get("before") or "",
+                     "after": context.get("after") or "", "new": bool(window["item"].get("new")),
+                     "unit_s": window["s"], "router_s": router_s if backend else None, "replicas": replicas})  # fmt: skip
+    return rows
+
+
+def _short(ref: str) -> str:
+    digest = ref.split("@", 1)[1] if "@" in ref else ref
+    return digest[:19] if digest.startswith("sha256:") else (digest or "-")
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{value} s"
+
+
+def summary(rows: list[dict[str, Any]], pin: dict[str, Any]) -> list[str]:
+    """The rollout's closing table (one row per restarted instance) and how to keep the digest. ``pin``: {inventory,
+    image_name, digest}. "clients could see": behind a router, a model with other replicas lost nothing (they
+    served); a model with one replica was out from its drain to its return in the router; without a router, clients
+    saw the unit's stop to ready."""
+    body = []
+    for r in sorted(rows, key=lambda r: (r["host"], r["instance"])):
+        if r.get("new"):
+            clients = "- (new instance)"
+        elif r.get("router_s") is None:
+            clients = f"{_seconds(r.get('unit_s'))} (no router: stop to ready)"
+        elif int(r.get("replicas") or 0) >= 2:
+            clients = f"0 s ({int(r['replicas']) - 1} other replica(s) served; out of the router {r['router_s']} s)"
+        else:
+            clients = f"{r['router_s']} s (one replica: drain to back in the router)"
+        body.append([r["host"], r["instance"], _short(r.get("before") or ""), _short(r.get("after") or ""),
+                     _seconds(r.get("unit_s")), clients])  # fmt: skip
+    lines = table(["host", "instance", "digest before", "digest after", "unit down", "clients could see"], body)
+    digest = str(pin.get("digest") or "")
+    if digest:
+        lines += ["", f"Keep this digest for later runs (pin it): ansible-playbook site.yml -i {pin.get('inventory')} "
+                      f"-e d3_image_name={pin.get('image_name')} -e d3_image_digest={digest}",
+                  "  (or set d3_image_digest in the inventory's group_vars, when the inventory is not generated as "
+                  "inventories/lab is by make lab)"]  # fmt: skip
+    return lines
+
+
 class FilterModule:
-    """Ansible filters: d3_rollout_batches, d3_rollout_drain_problems, d3_rollout_downtimes, d3_systemctl_show."""
+    """Ansible filters: the d3_rollout_* filters and d3_systemctl_show."""
 
     def filters(self) -> dict[str, Any]:
         return {"d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems,
-                "d3_rollout_downtimes": rollout_downtimes, "d3_systemctl_show": systemctl_show}  # fmt: skip
+                "d3_rollout_slice_problems": slice_problems, "d3_rollout_drain_check": drain_check,
+                "d3_rollout_drain_plan": drain_plan, "d3_rollout_drain_records": drain_records,
+                "d3_rollout_restore_plan": restore_plan, "d3_rollout_progress": progress,
+                "d3_rollout_batch_line": batch_line, "d3_rollout_failure_cause": failure_cause,
+                "d3_rollout_downtimes": rollout_downtimes, "d3_rollout_rows": rollout_rows,
+                "d3_rollout_summary": summary, "d3_systemctl_show": systemctl_show}  # fmt: skip

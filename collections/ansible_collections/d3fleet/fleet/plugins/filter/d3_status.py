@@ -166,8 +166,24 @@ def status_table(rows: list[dict[str, Any]]) -> list[str]:
     return table(header, lines)
 
 
+def status_drains(records: list[dict[str, Any]], rows: list[dict[str, Any]], router: str) -> list[str]:
+    """One line per drain a rollout recorded on ``router`` and did not give back (it was interrupted): the server,
+    its host and instance, since when, and what HAProxy shows for it now (``rows``: ``show stat``, {backend, server,
+    status}); empty when there is none."""
+    status = {(r.get("backend"), r.get("server")): r.get("status") or "?" for r in rows}
+    lines = []
+    for rec in records:
+        now = status.get((rec["backend"], rec["server"]), "not in the router's configuration")
+        lines.append(
+            f"router {router}: {rec['backend']}/{rec['server']} (host {rec.get('host', '?')}, instance "
+            f"{rec.get('instance', '?')}) left by an interrupted rollout, drained since {rec.get('since', '?')}, now "
+            f"{now}. The next rollout.yml or site.yml gives it back."
+        )
+    return lines
+
+
 class FilterModule:
-    """Ansible filters: d3_status_rows, d3_status_table."""
+    """Ansible filters: d3_status_rows, d3_status_table, d3_status_drains."""
 
     def filters(self) -> dict[str, Any]:
-        return {"d3_status_rows": status_rows, "d3_status_table": status_table}
+        return {"d3_status_rows": status_rows, "d3_status_table": status_table, "d3_status_drains": status_drains}

@@ -58,8 +58,77 @@ def test_state_latency_from_env(sim: ModuleType, monkeypatch: pytest.MonkeyPatch
     assert sim.make_state(args, plan, model).service_time_s(4) == pytest.approx(0.1075, abs=0.001)
     monkeypatch.setenv("D3_SIM_MS_PER_QUESTION", "50")
     fixed = sim.make_state(args, plan, model)
-    assert (fixed.base_ms, fixed.ms_per_question) == (0.0, 50.0)
+    assert (fixed.base_ms, fixed.ms_per_question) == (0.0, 25.0)  # the scale applies to the fixed cost too
     assert fixed.profile == sim.SizeProfile("vllm-sr/d3-flash", 0.5497, True)
+    monkeypatch.delenv("D3_SIM_LATENCY_SCALE")
+    assert sim.make_state(args, plan, model).ms_per_question == 50.0
+    assert (fixed.max_num_seqs, fixed.batch_slowdown) == (8, 0.3)  # the stand-in defaults
+
+
+def test_request_ms_stand_in_sets_the_latency_of_one_answer(sim: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """D3_SIM_REQUEST_MS (issue 22's slow answers): the same latency whatever the questions, above the others."""
+    args = sim.parse_args(["--model", "vllm-sr/d3-flash", "--enforce-eager", "--max-num-seqs", "40"])
+    model = sim.Model("vllm-sr/d3-flash", Path("/x"), {}, int(19.4e9))
+    plan = sim.Plan(8192, 1000, 9.03, 1.0)
+    monkeypatch.delenv("D3_SIM_LATENCY_SCALE", raising=False)
+    monkeypatch.setenv("D3_SIM_MS_PER_QUESTION", "50")
+    monkeypatch.setenv("D3_SIM_REQUEST_MS", "1000")
+    st = sim.make_state(args, plan, model)
+    st.running = 1  # alone
+    assert st.service_time_s(1) == st.service_time_s(64) == 1.0
+    assert st.max_num_seqs == 40  # --max-num-seqs wins over D3_SIM_MAX_NUM_SEQS's stand-in default
+    monkeypatch.setenv("D3_SIM_LATENCY_SCALE", "1.5")  # what nightly-next bakes
+    assert sim.make_state(args, plan, model).service_time_s(4) == 1.5
+
+
+def test_nightly_next_is_built_to_answer_slower(sim: ModuleType) -> None:
+    """build.sh bakes the stand-in regression into nightly-next only (issue 24: bench-compare across a rollout)."""
+    text = (ROOT / "lab/simulator/build.sh").read_text()
+    next_line = next(line for line in text.splitlines() if "variant=nightly-next" in line)
+    assert "ENV D3_SIM_LATENCY_SCALE=1.5" in next_line
+    assert text.count("D3_SIM_LATENCY_SCALE=") == 2  # here and in its comment: nightly and nightly-broken keep 1.0
+
+
+def test_many_slow_requests_are_served_at_once(sim: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 keep-alive clients whose answers take 1 s: all 32 run in the engine at once (threaded server,
+    --max-num-seqs 32), none waits for another."""
+    import http.client
+    import json
+
+    args = sim.parse_args(["--model", "vllm-sr/d3-edge", "--served-model-name", "m", "--enforce-eager",
+                           "--max-num-seqs", "32", "--uvicorn-log-level", "warning"])
+    monkeypatch.setenv("D3_SIM_REQUEST_MS", "1000")
+    monkeypatch.setenv("D3_SIM_BATCH_SLOWDOWN", "0")
+    st = sim.make_state(args, sim.Plan(8192, 100_000, 0.65, 4.0), sim.Model("vllm-sr/d3-edge", Path("/x"), {}, 1))
+    httpd = sim.SimHTTPServer(("127.0.0.1", 0), sim.make_handler(st))
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    body = json.dumps({"model": "m", "state": "s", "questions": {"q": {"type": "noul", "instructions": "x?"}}})
+    statuses: list[int] = []
+    peak = 0
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=30)
+        conn.request("POST", "/v1/systemone", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        statuses.append(resp.status)
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(32)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            peak = max(peak, st.running)
+            time.sleep(0.01)
+        for t in threads:
+            t.join(timeout=10)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert statuses == [200] * 32
+    assert peak == 32
 
 
 def test_batching_engine_slows_and_queues(sim: ModuleType) -> None:

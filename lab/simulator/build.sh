@@ -83,8 +83,11 @@ podman build -q --pull=never --label "$HASH_LABEL=$SRC_HASH" --label io.d3-fleet
 
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-# nightly-next: same content, a different label -> a different digest ("the next nightly")
-printf 'FROM %s:nightly\nLABEL io.d3-fleet.lab.sim.variant=nightly-next\n' "$IMAGE" > "$ctx/Containerfile.next"
+# nightly-next: same content, a different label -> a different digest ("the next nightly"), and a STAND-IN
+# regression: it answers 1.5x slower (D3_SIM_LATENCY_SCALE; same answers), so a benchmark across a rollout
+# nightly -> nightly-next shows a latency change and no accuracy change. `-e D3_SIM_LATENCY_SCALE=1` undoes it.
+printf 'FROM %s:nightly\nLABEL io.d3-fleet.lab.sim.variant=nightly-next\nENV D3_SIM_LATENCY_SCALE=1.5\n' \
+  "$IMAGE" > "$ctx/Containerfile.next"
 log "build $IMAGE:nightly-next"
 podman build -q --pull=never -f "$ctx/Containerfile.next" -t "$IMAGE:nightly-next" "$ctx" >/dev/null
 # nightly-broken: starts and logs, but never binds its port (never healthy)

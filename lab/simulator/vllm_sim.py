@@ -34,10 +34,17 @@ Environment knobs (simulator only):
   D3_SIM_COLD_START_S     cold start in seconds, overriding the per-size default (tests)
   D3_SIM_COLD_START_SCALE factor on the per-size cold start (default 1.0: 150 s for d3's 52.2 GB of BF16 weights,
                           the field report's 2.5 min, proportional to the checkpoint size); the lab image sets it
+  D3_SIM_REQUEST_MS       STAND-IN: the latency in ms of one /v1/systemone answer served alone, whatever its
+                          questions, replacing the per-size latency below (e.g. 1000 for clients whose requests take
+                          >= 1 s; the batch slowdown and the max_num_seqs queue still add to it)
   D3_SIM_MS_PER_QUESTION  fixed request latency per question in ms, overriding the per-size latency below (tests)
-  D3_SIM_LATENCY_SCALE    factor on the per-size request latency (default 1.0)
-  D3_SIM_MAX_NUM_SEQS     requests served at once (default 8, like a small --max-num-seqs); more wait in a queue
+  D3_SIM_LATENCY_SCALE    factor on the request latency, whichever of the three gives it (default 1.0; the
+                          nightly-next image bakes 1.5: "the next nightly answers slower", see build.sh)
+  D3_SIM_MAX_NUM_SEQS     requests served at once when --max-num-seqs is not given (default 8, a small
+                          --max-num-seqs); more wait in a queue
   D3_SIM_BATCH_SLOWDOWN   each request already running adds this fraction to a new one's latency (default 0.3)
+  VLLM_HTTP_TIMEOUT_KEEP_ALIVE  vLLM's own (vllm/envs.py, default 5): an idle keep-alive connection is closed this
+                          many seconds after its last response, like uvicorn (see Handler.handle_one_request)
 
 Request latency and answers per model size (LAB STAND-IN, for playbooks/bench.yml; see SizeProfile): a request
 takes REQUEST_BASE_MS + questions x per-question ms, the per-question ms growing with the weights per GPU, fitted
@@ -167,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="auto")
     p.add_argument("--api-key", nargs="+", default=None)
     p.add_argument("--max-num-batched-tokens", type=parse_len, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--disable-custom-all-reduce", action="store_true")
     p.add_argument("--uvicorn-log-level", choices=("debug", "info", "warning", "error", "critical", "trace"),
                    default="info")
@@ -927,6 +935,8 @@ class State:
     batch_slowdown: float = 0.3
     running: int = 0
     slots: threading.BoundedSemaphore | None = None
+    # uvicorn's timeout_keep_alive, which vLLM sets from VLLM_HTTP_TIMEOUT_KEEP_ALIVE (vllm/envs.py, default 5)
+    keep_alive_s: float = 5.0
 
     def service_time_s(self, questions: int) -> float:
         """Seconds one request of `questions` questions takes with the requests already running (called with a
@@ -958,6 +968,28 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
         # (unbuffered, they are separate writes and Nagle + delayed ACK add ~40 ms to every keep-alive request,
         # which uvicorn does not)
         wbufsize = 1 << 16
+
+        def setup(self) -> None:
+            super().setup()
+            self.answered = False
+
+        def handle_one_request(self) -> None:
+            """uvicorn's keep-alive (encode/uvicorn uvicorn/protocols/http/h11_impl.py): once a response is complete
+            it arms `call_later(timeout_keep_alive, timeout_keep_alive_handler)`, which closes the connection
+            without a response; any data received cancels it. No timer before the first request. vLLM passes
+            timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default)."""
+            if self.answered:
+                self.connection.settimeout(st.keep_alive_s)
+                try:
+                    idle_closed = not self.rfile.peek(1)
+                except (TimeoutError, OSError):
+                    idle_closed = True
+                if idle_closed:
+                    self.close_connection = True
+                    return
+                self.connection.settimeout(None)
+            super().handle_one_request()
+            self.answered = True
 
         def log_message(self, format: str, *a: Any) -> None:
             if st.args.uvicorn_log_level in ("debug", "info", "trace"):
@@ -1089,19 +1121,27 @@ def cold_start_s(model: Model) -> float:
 
 
 def make_state(args: argparse.Namespace, plan: Plan, model: Model) -> State:
-    """The serving state: latency and answer noise from the model's size (D3_SIM_MS_PER_QUESTION: a fixed
-    per-question latency and no per-request base instead)."""
-    if os.environ.get("D3_SIM_MS_PER_QUESTION", "").strip():
-        base, per_q = 0.0, env_float("D3_SIM_MS_PER_QUESTION", 5.0)
+    """The serving state: latency and answer noise from the model's size. D3_SIM_REQUEST_MS (STAND-IN: a fixed
+    latency per answer) or D3_SIM_MS_PER_QUESTION (a fixed per-question latency, no per-request base) replace the
+    per-size latency; D3_SIM_LATENCY_SCALE multiplies whichever applies. The engine serves --max-num-seqs requests
+    at once (D3_SIM_MAX_NUM_SEQS when the flag is not given)."""
+    scale = max(0.0, env_float("D3_SIM_LATENCY_SCALE", 1.0))
+    if os.environ.get("D3_SIM_REQUEST_MS", "").strip():
+        base, per_q, why = max(0.0, env_float("D3_SIM_REQUEST_MS", 0.0)), 0.0, "D3_SIM_REQUEST_MS, a lab stand-in"
+    elif os.environ.get("D3_SIM_MS_PER_QUESTION", "").strip():
+        base, per_q, why = 0.0, env_float("D3_SIM_MS_PER_QUESTION", 5.0), "D3_SIM_MS_PER_QUESTION"
     else:
-        scale = max(0.0, env_float("D3_SIM_LATENCY_SCALE", 1.0))
-        base, per_q = REQUEST_BASE_MS * scale, per_question_ms(plan.weights_gib) * scale
+        base, per_q = REQUEST_BASE_MS, per_question_ms(plan.weights_gib)
+        why = f"{plan.weights_gib:.2f} GiB of weights per GPU; calibrated on the field report, not measured"
+    base, per_q = base * scale, per_q * scale
     log("INFO", "serving.py:88", f"(simulator) request latency {base:.1f} ms + {per_q:.1f} ms per question "
-        f"({plan.weights_gib:.2f} GiB of weights per GPU; calibrated on the field report, not measured)")
+        f"(x{scale:g}; {why})")
+    seqs = args.max_num_seqs if args.max_num_seqs is not None else int(env_float("D3_SIM_MAX_NUM_SEQS", 8))
     return State(args=args, plan=plan, ms_per_question=per_q, base_ms=base,
                  profile=SizeProfile.of(model.repo, model.bf16_bytes),
-                 max_num_seqs=int(env_float("D3_SIM_MAX_NUM_SEQS", 8)),
-                 batch_slowdown=max(0.0, env_float("D3_SIM_BATCH_SLOWDOWN", 0.3)))
+                 max_num_seqs=max(1, seqs),
+                 batch_slowdown=max(0.0, env_float("D3_SIM_BATCH_SLOWDOWN", 0.3)),
+                 keep_alive_s=env_float("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", 5))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -242,3 +242,54 @@ def test_models_answers_the_fixture(server: Server) -> None:
         assert set(want) <= set(got)
         assert shape({k: got[k] for k in want}) == shape(want)
         assert {k: got[k] for k in want if k != "created"} == {k: v for k, v in want.items() if k != "created"}
+
+
+KEEP_ALIVE = load("vllm/keep-alive.json")
+
+
+def test_keep_alive_default_and_env_are_vllms(sim: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert sim.State(args=None, plan=None).keep_alive_s == KEEP_ALIVE["default_s"]
+    args = sim.parse_args(["--model", "vllm-sr/d3-mini", "--enforce-eager"])
+    model = sim.Model("vllm-sr/d3-mini", Path("/x"), {}, int(9.4e9))
+    monkeypatch.delenv(KEEP_ALIVE["env"], raising=False)
+    assert sim.make_state(args, sim.Plan(8192, 1000, 4.4, 1.0), model).keep_alive_s == KEEP_ALIVE["default_s"]
+    monkeypatch.setenv(KEEP_ALIVE["env"], "2")
+    assert sim.make_state(args, sim.Plan(8192, 1000, 4.4, 1.0), model).keep_alive_s == 2
+
+
+def test_idle_keep_alive_connection_is_closed_after_the_timeout_not_before(sim: ModuleType) -> None:
+    """The fixture's uvicorn behaviour, with a short timeout: a connection is reused right after a response, and
+    closed without a response once it has been idle for the timeout (polled with a deadline)."""
+    s = Server(sim, None)
+    s.state.keep_alive_s = 0.4
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        for _ in range(3):  # kept alive between requests sent at once
+            conn.request("GET", "/health")
+            resp = conn.getresponse()
+            assert (resp.status, resp.read(), resp.will_close) == (200, b"", False)
+        sock = conn.sock
+        assert sock is not None
+        sock.settimeout(5)  # the server closes first: recv returns b"" (EOF), no bytes of a response
+        assert sock.recv(1) == b""
+        conn.close()
+    finally:
+        s.close()
+
+
+def test_no_keep_alive_timer_before_the_first_request(sim: ModuleType) -> None:
+    """uvicorn arms the timer only after a response: a fresh connection that waits longer than the timeout is
+    still served."""
+    import socket
+    import time
+    s = Server(sim, None)
+    s.state.keep_alive_s = 0.2
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=5) as sock:
+            deadline = time.monotonic() + 0.5  # longer than the timeout, then the request
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(64).startswith(b"HTTP/1.1 200")
+    finally:
+        s.close()

@@ -608,6 +608,9 @@ def test_image_tags_labels_and_entrypoint(image: str) -> None:
     assert inspect(f"{image}:nightly", "{{json .Config.Entrypoint}}") == '["python3","/opt/d3-sim/vllm_sim.py"]'
     assert "D3_SIM_BEHAVIOUR=never-ready" in inspect(f"{image}:nightly-broken", "{{json .Config.Env}}")
     assert "D3_SIM_BEHAVIOUR" not in inspect(f"{image}:nightly-next", "{{json .Config.Env}}")
+    # the stand-in regression of the next nightly (issue 24): 1.5x slower answers, on nightly-next only
+    assert "D3_SIM_LATENCY_SCALE=1.5" in inspect(f"{image}:nightly-next", "{{json .Config.Env}}")
+    assert "D3_SIM_LATENCY_SCALE" not in inspect(f"{image}:nightly", "{{json .Config.Env}}")
     src = hashlib.sha256(b"".join((SIM_DIR / f).read_bytes() for f in ("vllm_sim.py", "Containerfile", "build.sh")))
     assert inspect(f"{image}:nightly", '{{ index .Labels "io.d3-fleet.lab.sim.source-sha256" }}') == src.hexdigest()
 

@@ -27,13 +27,24 @@ $(VENV)/.installed: requirements.txt
 
 venv: $(VENV)/.installed
 
+# promtool and amtool, Prometheus' and Alertmanager's checkers (tests/test_metrics_promtool.py): the machine's own in
+# /usr/bin, else the binary unpacked from Debian's package into .venv/bin (nothing installed, no service started).
+.PHONY: promtool
+promtool: $(BIN)/promtool $(BIN)/amtool
+$(BIN)/promtool $(BIN)/amtool: | $(VENV)/.installed
+	if [ -x /usr/bin/$(@F) ]; then ln -sf /usr/bin/$(@F) $@; else \
+	  tmp=$$(mktemp -d) && chmod 0755 $$tmp && \
+	  (cd $$tmp && apt-get download -qq $(if $(filter amtool,$(@F)),prometheus-alertmanager,prometheus)) && \
+	  dpkg-deb --fsys-tarfile $$tmp/*.deb | tar -xO ./usr/bin/$(@F) > $@.tmp && \
+	  chmod 0755 $@.tmp && mv $@.tmp $@ && rm -rf $$tmp; fi
+
 # The test tiers (enforced by tests/tiers.py): `-m "not lab and not playbook"` start neither Ansible nor podman;
 # `playbook` tests run ansible-playbook / ansible-doc on localhost; `lab` tests (everything under tests/lab/) drive the lab.
 # Each pytest run writes its JUnit XML to build/ (tools/ci_report.py reads it: the slowest tests of the run).
 BUILD := build
 PYTEST_JUNIT = --junitxml=$(BUILD)/junit-$@.xml -o junit_family=xunit1
 
-check: venv
+check: venv promtool
 	ruff check .
 	yamllint -s .
 	pytest -m "not lab and not playbook" -q -p no:cacheprovider $(PYTEST_JUNIT)
@@ -44,7 +55,7 @@ lint: venv
 	ansible-lint
 
 # Tests that need nothing but the venv: the quick tier and the playbook tier.
-unit: venv
+unit: venv promtool
 	pytest -m "not lab" $(PYTEST_JUNIT)
 
 # Tests that drive the lab (simulator, stand-ins, unit files, site.yml, rollouts); `make lab` first.

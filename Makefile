@@ -79,10 +79,14 @@ lab-down: venv
 
 # The demo's lab: a Debian 13 host (Quadlet: the 27B on two GPUs, d3-mini, d3-edge), a Debian 12 host (classic units:
 # d3-flash, d3-nano, d3-lite) and the router; `make lab` alone (and make test) starts three hosts.
+# Both runs print the fleet-shaped output (one line per host and step, the tables, each error once: docs/output.md;
+# ANSIBLE_STDOUT_CALLBACK=ansible.builtin.default make demo for Ansible's own); the demo ends with what to do next.
 DEMO_HOSTS ?= 2
+demo: export ANSIBLE_STDOUT_CALLBACK ?= d3fleet.fleet.fleet
 demo: venv
 	$(MAKE) lab LAB_HOSTS=$(DEMO_HOSTS)
 	ansible-playbook site.yml -i inventories/lab -l 'l4-nodes:d3-routers'
+	@printf '\nNext (examples/demo-next-steps.sh; `. .venv/bin/activate` first):\n'; cat examples/demo-next-steps.sh
 
 molecule: lab
 	$(MAKE) molecule-run

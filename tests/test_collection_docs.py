@@ -1,9 +1,9 @@
-"""Every filter and module of the d3fleet.fleet collection has documentation that ansible-doc renders.
+"""Every filter, module and callback of the d3fleet.fleet collection has documentation that ansible-doc renders.
 
 The filters are found by importing every plugins/filter/*.py and asking its FilterModule for its names, so a filter
 added to any file (or a new file) without a sidecar plugins/filter/<name>.yml fails here; the modules are every
 plugins/modules/*.py. Each needs a short_description, EXAMPLES and RETURN, and a filter's options must name its
-Python parameters (the first one is ``_input``). ansible-doc runs three times in all, in parallel (2 to 4 s).
+Python parameters (the first one is ``_input``). ansible-doc runs four times in all, in parallel (2 to 4 s).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def _load_filters() -> tuple[dict[str, tuple[Path, Callable[..., Any]]], dict[st
 
 FILTERS, FILTERS_TWICE, BROKEN_FILES = _load_filters()
 MODULES = sorted(p.stem for p in (COLLECTION / "plugins/modules").glob("*.py") if p.name != "__init__.py")
+CALLBACKS = sorted(p.stem for p in (COLLECTION / "plugins/callback").glob("*.py") if p.name != "__init__.py")
 
 
 def _ansible_doc(*args: str) -> subprocess.Popen[str]:
@@ -95,9 +96,10 @@ def _retry_without_undocumented(kind: str, names: list[str], listed: dict[str, s
 
 @pytest.fixture(scope="module")
 def docs() -> dict[str, Any]:
-    """ansible-doc's JSON for every filter and every module (one call each) and the collection's filter list, the three
+    """ansible-doc's JSON for every filter, module and callback (one call each) and the collection's filter list, the four
     calls run in parallel (the module list only when the modules' call fails)."""
-    names = {"filter": [f"{FQCN}.{n}" for n in sorted(FILTERS)], "module": [f"{FQCN}.{n}" for n in MODULES]}
+    names = {"filter": [f"{FQCN}.{n}" for n in sorted(FILTERS)], "module": [f"{FQCN}.{n}" for n in MODULES],
+             "callback": [f"{FQCN}.{n}" for n in CALLBACKS]}
     procs = {kind: _ansible_doc("-t", kind, "--json", *names[kind]) for kind in names}
     filter_list = _ansible_doc("-t", "filter", "-l", FQCN, "--json")
     result: dict[str, Any] = {}
@@ -109,7 +111,7 @@ def docs() -> dict[str, Any]:
             if kind == "module":
                 listed, err = _json(_ansible_doc("-t", "module", "-l", FQCN, "--json"))
                 result["module_list"] = listed if listed is not None else {"error": err.strip()}
-            data = _retry_without_undocumented(kind, names[kind], result[f"{kind}_list"])
+            data = _retry_without_undocumented(kind, names[kind], result.get(f"{kind}_list") or {})
         result[kind] = data
     return result
 
@@ -165,6 +167,18 @@ def test_filter_options_are_its_parameters(docs: dict[str, Any], name: str) -> N
 @pytest.mark.parametrize("name", MODULES)
 def test_module_has_docs(docs: dict[str, Any], name: str) -> None:
     _check_doc("module", name, docs["module"].get(f"{FQCN}.{name}"))
+
+
+@pytest.mark.playbook
+@pytest.mark.parametrize("name", CALLBACKS)
+def test_callback_has_docs(docs: dict[str, Any], name: str) -> None:
+    """A callback (plugins/callback/) needs a description and examples; it returns nothing."""
+    entry = docs["callback"].get(f"{FQCN}.{name}")
+    assert entry is not None and "error" not in entry, f"ansible-doc -t callback: no documentation for {FQCN}.{name}"
+    doc = entry["doc"]
+    assert str(Path(doc.get("filename", ""))).startswith(str(COLLECTION)), f"{FQCN}.{name}: read {doc.get('filename')}"
+    assert doc.get("short_description") and doc.get("description") and str(entry.get("examples") or "").strip()
+    assert doc.get("type") == "stdout" and doc.get("name") == name
 
 
 @pytest.mark.playbook

@@ -1,0 +1,8 @@
+# What to do after `make demo` (it prints these lines at its end); run from the repository's top directory.
+# A decision through the router (d3-mini's frontend, port 9004 on the router, published on this machine's loopback):
+curl -sS http://127.0.0.1:19104/v1/systemone -H 'Content-Type: application/json' -d @examples/decision-request.json
+# The fleet status (one row per instance, then the router's view of every model):
+ansible-playbook playbooks/status.yml -i inventories/lab
+# Roll out the lab registry's next nightly (tags: nightly, nightly-next, nightly-broken), then back:
+ansible-playbook playbooks/rollout.yml -i inventories/lab -e d3_image_name=docker.io/vllm/vllm-openai:nightly-next
+ansible-playbook playbooks/rollout.yml -i inventories/lab -e d3_image_name=docker.io/vllm/vllm-openai:nightly

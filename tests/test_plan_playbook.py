@@ -63,7 +63,7 @@ REFUSALS = {
     "gpu-twice": ([{"model": "d3", "gpus": [0, 0]}], "GPU [0] listed twice"),
     "gpu-out-of-range": ([{"model": "d3-mini", "gpus": [5]}], "GPU index [5] out of range"),
     "vram-over-budget": ([{"model": "d3-flash", "gpus": [0]}, {"model": "d3-nano", "gpus": [0]}], "VRAM over budget on GPU 0"),
-    "does-not-fit-l4": ([{"model": "d3", "extra_args": ["--tensor-parallel-size=1"]}], "d3 does not fit"),
+    "does-not-fit-l4": ([{"model": "d3", "extra_args": ["--tensor-parallel-size=1"]}], "d3 at TP 1 runs out of memory"),
     "port-collision": ([{"model": "d3-edge", "port": 8100}, {"model": "d3-lite", "port": 8100}], "port 8100 collides"),
     "port-range": ([{"model": "d3-edge", "port": 80}], "port 80 is outside 1024-65535"),
     "duplicate-names": ([{"model": "d3-edge"}, {"model": "d3-lite", "name": "d3-edge"}], "also used by d3_models[0]"),

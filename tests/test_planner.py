@@ -94,8 +94,10 @@ def test_27b_renders_the_seed_recipe(catalog_vars: dict[str, Any]) -> None:
     assert inst["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert inst["shm_size"].lower() == "10g"
     assert inst["cdi_devices"] == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
-    # VRAM: 13 GB per GPU of weights + runtime, inside 0.95 x 23034 MiB
-    assert inst["vram_need_mib_per_gpu"] == 12398 + 2048
+    # VRAM per GPU (docs/capacity.md): 13.0 GiB of weights + the profile run's peak at 32768 tokens (a pooling model's
+    # max_num_batched_tokens) + the non-torch margin + one 8192-token sequence (11 blocks of 784 tokens + 3 GDN states)
+    assert inst["vram_need_mib_per_gpu"] == 13314 + 3024 + 512 + 343
+    assert inst["kv_cache"]["gpu_kv_cache_tokens"] == 39984 and inst["kv_cache"]["max_concurrency"] == 14.64
     assert [g["budget_mib"] for g in result["gpus"]] == [21882, 21882]
     line = podman_run(inst, "docker.io/vllm/vllm-openai@sha256:x")
     assert "--device nvidia.com/gpu=0 --device nvidia.com/gpu=1" in line
@@ -125,7 +127,7 @@ def test_explicit_gpus_ports_extra_args_and_env(catalog_vars: dict[str, Any]) ->
                     "name": "triage",
                     "gpus": [1],
                     "port": 9100,
-                    "extra_args": ["--max-model-len=16384", "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "2048"],
+                    "extra_args": ["--max-model-len=16384", "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "32768"],
                     "env": {"VLLM_BATCH_INVARIANT": "1"},
                 }
             ],
@@ -135,7 +137,7 @@ def test_explicit_gpus_ports_extra_args_and_env(catalog_vars: dict[str, Any]) ->
     assert inst["gpus"] == [1] and inst["port"] == 9100
     assert pairs["--max-model-len"] == "16384"
     assert pairs["--gpu-memory-utilization"] == "0.5"
-    assert pairs["--max-num-batched-tokens"] == "2048"
+    assert pairs["--max-num-batched-tokens"] == "32768"
     assert pairs["--served-model-name"] == "triage"
     assert inst["env"]["VLLM_BATCH_INVARIANT"] == "1"
     assert inst["args"].count("--max-model-len") == 1
@@ -173,7 +175,7 @@ def test_refuses_vram_over_budget_when_sharing(catalog_vars: dict[str, Any]) -> 
     text = refused(
         plan(catalog_vars, [{"model": "d3-flash", "gpus": [0]}, {"model": "d3-mini", "gpus": [0]}], gpus=1),
         "VRAM over budget on GPU 0",
-        "d3-flash (0.9)",
+        "on top of d3-flash 20730 MiB (0.9) makes 31095 MiB, over the 21191 MiB that d3_gpu_share_cap 0.92 allows",
     )
     assert "(d3-mini)" in text
 
@@ -185,16 +187,28 @@ def test_refuses_vram_over_budget_auto(catalog_vars: dict[str, Any]) -> None:
 def test_refuses_model_that_does_not_fit_l4(catalog_vars: dict[str, Any]) -> None:
     refused(
         plan(catalog_vars, [{"model": "d3", "extra_args": ["--tensor-parallel-size=1"]}]),
-        "d3 does not fit",
-        "use --tensor-parallel-size 2",
+        "d3 at TP 1 runs out of memory in vLLM's profile run",
+        "weights 26627 + profile-run peak 4928 (32768 tokens x 157696 B) + non-torch 512 = 32067 MiB per GPU",
+        "Fix: in d3_models[0].extra_args set --tensor-parallel-size=2",
     )
 
 
 def test_refuses_utilization_too_low_for_weights(catalog_vars: dict[str, Any]) -> None:
     refused(
         plan(catalog_vars, [{"model": "d3-flash", "extra_args": ["--gpu-memory-utilization=0.3"]}]),
-        "d3-flash does not fit",
-        "raise --gpu-memory-utilization",
+        "'No available memory for the cache blocks.",
+        "= 12679 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 6910 MiB",
+        "Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.57",
+    )
+
+
+def test_refuses_fewer_batched_tokens_than_the_context_without_chunked_prefill(catalog_vars: dict[str, Any]) -> None:
+    # the field report: "--max-num-batched-tokens 512 -> rejected: must be >= max_model_len"
+    refused(
+        plan(catalog_vars, [{"model": "d3-mini", "extra_args": ["--max-num-batched-tokens=512"]}]),
+        "is refused by vLLM at startup: 'max_num_batched_tokens (512) is smaller than max_model_len (32768)'",
+        "Fix: in d3_models[0].extra_args remove --max-num-batched-tokens (vLLM then takes max(--max-model-len, 32768)), "
+        "or set --max-model-len=512",
     )
 
 

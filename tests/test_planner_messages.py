@@ -122,7 +122,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-edge): --max-model-len 300000 is outside 1..262144 (max_position_embeddings). Fix: lower --max-model-len in d3_models[0].extra_args",
+            + "d3_models[0] (d3-edge): --max-model-len 300000 is outside 1..262144 (max_position_embeddings). Fix: set --max-model-len within 1..262144 in d3_models[0].extra_args",
         ],
     ),
     "max_len_zero": (
@@ -131,7 +131,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-edge): --max-model-len 0 is outside 1..262144 (max_position_embeddings). Fix: lower --max-model-len in d3_models[0].extra_args",
+            + "d3_models[0] (d3-edge): --max-model-len 0 is outside 1..262144 (max_position_embeddings). Fix: set --max-model-len within 1..262144 in d3_models[0].extra_args",
         ],
     ),
     "util_high": (
@@ -156,7 +156,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-27b): d3 does not fit: needs 26844 MiB per GPU (weights 24796 MiB / TP 1 + 2048 MiB runtime) but --gpu-memory-utilization 0.95 of 23034 MiB allows 21882 MiB. Fix: raise --gpu-memory-utilization in d3_models[0].extra_args or use --tensor-parallel-size 2",
+            + "d3_models[0] (d3-27b): d3 at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 26627 + profile-run peak 4928 (32768 tokens x 157696 B) + non-torch 512 = 32067 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: in d3_models[0].extra_args set --tensor-parallel-size=2 (2 GPUs; the host has 2)",
         ],
     ),
     "does_not_fit_util": (
@@ -165,7 +165,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-flash): d3-flash does not fit: needs 10631 MiB per GPU (weights 8583 MiB / TP 1 + 2048 MiB runtime) but --gpu-memory-utilization 0.3 of 23034 MiB allows 6910 MiB. Fix: raise --gpu-memory-utilization in d3_models[0].extra_args or use --tensor-parallel-size 2",
+            + "d3_models[0] (d3-flash): d3-flash at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 3584 (32768 tokens x 114688 B) + non-torch 512 = 12679 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 6910 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.57, or set --tensor-parallel-size=4 (4 GPUs; the host has 2)",
         ],
     ),
     "bad_revision": (
@@ -243,7 +243,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[1] (d3-mini): VRAM over budget on GPU 0: --gpu-memory-utilization 0.45 on top of d3-flash (0.9) exceeds d3_gpu_share_cap 0.92 of a shared GPU's memory (vLLM needs its share free at start, and the driver keeps some). Fix: move an instance to another GPU, or lower --gpu-memory-utilization so the shares fit d3_gpu_share_cap",
+            + "d3_models[1] (d3-mini): VRAM over budget on GPU 0: its share of 10365 MiB (--gpu-memory-utilization 0.45 x 23034 MiB) on top of d3-flash 20730 MiB (0.9) makes 31095 MiB, over the 21191 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, d3-mini itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 = 6903 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 460 MiB)",
         ],
     ),
     "share_auto": (
@@ -252,7 +252,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[1] (flash-b): VRAM over budget: no 1 GPU(s) with 0.9 of memory left within d3_gpu_share_cap 0.92 (GPU 0: 0.9 used). Fix: remove an instance from this host, lower --gpu-memory-utilization, or use another host",
+            + "d3_models[1] (flash-b): VRAM over budget: no 1 GPU(s) with 20730 MiB (--gpu-memory-utilization 0.9) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: d3-flash 20730 MiB (0.9)). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, flash-b itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 3584 (32768 tokens x 114688 B) + non-torch 512 = 12679 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 460 MiB)",
         ],
     ),
     "tp_host": (

@@ -48,10 +48,14 @@ def test_a_whole_instance(catalog_vars: dict[str, Any]) -> None:
         "volumes": ["/var/lib/d3/huggingface:/root/.cache/huggingface:ro"],
         "labels": {"io.d3-fleet.instance": "d3-mini", "io.d3-fleet.model": "d3-mini", "io.d3-fleet.revision": "unpinned"},
         "secret_env": "VLLM_API_KEY", "no_new_privileges": True, "capabilities": [],
-        "weights_mib": 3815, "vram_need_mib_per_gpu": 5863, "variant": "bf16-fp8-online",
+        "weights_mib": 3815, "vram_need_mib_per_gpu": 7992, "variant": "bf16-fp8-online",
         "quant_method": None, "download_bytes": 9_400_000_000,
-        "vram_arithmetic_mib_per_gpu": {"weights_mib": 3815, "runtime_mib": 2048, "kv_cache_mib": 1024, "encoder_probe_mib": 0,
-                                        "total_mib": 6887},
+        "vram_arithmetic_mib_per_gpu": {"weights_mib": 3815, "activation_peak_mib": 2576, "non_torch_mib": 512,
+                                        "encoder_probe_mib": 0, "requested_mib": 10365, "kv_pool_mib": 3448,
+                                        "sequence_kv_mib": 1089, "total_mib": 7992},
+        "kv_cache": {"gpu_kv_cache_tokens": 27456, "max_concurrency": 3.17, "block_size": 528, "max_num_batched_tokens": 32768,
+                     "measured_on_hardware": False,
+                     "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware"},
         "measured_on_hardware": None,
         "hardware_note": "the field report's sizing table lists this size on one L4 (no run of it is recorded)",
         "health_url": "http://[::1]:9000/health", "start_after": [], "wait_ready": False,
@@ -85,22 +89,30 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
                 f"img --model vllm-sr/{name}")
 
     assert d3_plan_report(result, "img") == [
-        f"d3-mini: d3-mini (vllm-sr/d3-mini@{SHA}) on GPU 0, port 8000, unit d3-mini.service, needs 6887 MiB/GPU",
-        "  variant bf16-fp8-online (no quantization_config), download 9.4 GB; per GPU: weights 3815 + runtime 2048 + KV cache 1024"
-        " + encoder probe 0 = 6887 MiB",
+        f"d3-mini: d3-mini (vllm-sr/d3-mini@{SHA}) on GPU 0, port 8000, unit d3-mini.service, needs 7992 MiB/GPU of its "
+        "10365 MiB share",
+        "  per GPU: weights 3815 + profile-run peak 2576 + non-torch 512 + encoder probe 0 + one 32768-token sequence 1089 = "
+        "7992 MiB; the share's rest is KV cache (3448 MiB in all)",
+        "  vLLM will log: GPU KV cache size: 27,456 tokens; Maximum concurrency for 32,768 tokens per request: 3.17x "
+        "(predicted from vLLM's source (docs/capacity.md); not yet measured on hardware)",
+        "  variant bf16-fp8-online (no quantization_config), download 9.4 GB",
         run("d3-mini", SHA) + f" --revision {SHA} --served-model-name d3-mini --host 127.0.0.1 --port 8000 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.45 --quantization fp8 --enforce-eager",
-        "d3-edge: d3-edge (vllm-sr/d3-edge@UNPINNED) on GPU 0, port 8001, unit d3-edge.service, needs 2812 MiB/GPU",
-        "  variant bf16-fp8-online (no quantization_config), download 1.4 GB; per GPU: weights 572 + runtime 2048 + KV cache 192"
-        " + encoder probe 0 = 2812 MiB",
+        "d3-edge: d3-edge (vllm-sr/d3-edge@UNPINNED) on GPU 0, port 8001, unit d3-edge.service, needs 2536 MiB/GPU of its "
+        "5758 MiB share",
+        "  per GPU: weights 572 + profile-run peak 1248 + non-torch 512 + encoder probe 0 + one 32768-token sequence 204 = "
+        "2536 MiB; the share's rest is KV cache (3423 MiB in all)",
+        "  vLLM will log: GPU KV cache size: 145,792 tokens; Maximum concurrency for 32,768 tokens per request: 16.78x "
+        "(predicted from vLLM's source (docs/capacity.md); not yet measured on hardware)",
+        "  variant bf16-fp8-online (no quantization_config), download 1.4 GB",
         run("d3-edge", "unpinned") + " --served-model-name d3-edge --host 127.0.0.1 --port 8001 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.25 --quantization fp8 --enforce-eager",
         "GPU 0 NVIDIA L4: 16123/23034 MiB budgeted (d3-mini 10365 MiB, d3-edge 5758 MiB), 6911 MiB free",
     ]
     assert d3_plan_report(plan(catalog_vars, [], gpus=1)) == ["GPU 0 NVIDIA L4: 0/23034 MiB budgeted (idle), 23034 MiB free"]
     # the plan's image unless the caller passes the resolved one; the secret only when named
-    assert " IMAGE --model " in d3_plan_report(result)[2]
-    assert " --secret k,type=env,target=VLLM_API_KEY --label " in d3_plan_report(result, "img", "k")[2]
+    assert " IMAGE --model " in d3_plan_report(result)[4]
+    assert " --secret k,type=env,target=VLLM_API_KEY --label " in d3_plan_report(result, "img", "k")[4]
     # capabilities given back follow the drop of all
     (inst,) = plan(catalog_vars, [{"model": "d3-edge"}], capabilities=["cap_sys_nice", "SYS_NICE", "IPC_LOCK"])["instances"]
     assert inst["capabilities"] == ["IPC_LOCK", "SYS_NICE"]
@@ -111,28 +123,40 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
 
 
 def test_the_report_states_one_need_per_instance(catalog_vars: dict[str, Any]) -> None:
-    """The first line's "needs N MiB/GPU" is the variant line's total (KV cache included), for every size."""
+    """The first line's "needs N MiB/GPU" is the per-GPU line's total and the plan's vram_need_mib_per_gpu (one
+    number, issue 23), for every size; the third line carries vLLM's two startup figures."""
     for model in catalog_vars["d3_catalog"]:
         result = plan(catalog_vars, [{"model": model}], gpus=4)
         (inst,) = result["instances"]
-        total = inst["vram_arithmetic_mib_per_gpu"]["total_mib"]
-        first, variant = d3_plan_report(result)[:2]
-        assert first.endswith(f", needs {total} MiB/GPU"), first
-        assert variant.endswith(f" = {total} MiB"), variant
+        a = inst["vram_arithmetic_mib_per_gpu"]
+        total = a["total_mib"]
+        assert total == inst["vram_need_mib_per_gpu"] == (
+            a["weights_mib"] + a["activation_peak_mib"] + a["non_torch_mib"] + a["encoder_probe_mib"] + a["sequence_kv_mib"])
+        first, per_gpu, logged = d3_plan_report(result)[:3]
+        assert first.endswith(f", needs {total} MiB/GPU of its {a['requested_mib']} MiB share"), first
+        assert f" = {total} MiB; the share's rest is KV cache ({a['kv_pool_mib']} MiB in all)" in per_gpu, per_gpu
+        assert logged.startswith(f"  vLLM will log: GPU KV cache size: {inst['kv_cache']['gpu_kv_cache_tokens']:,} tokens;")
+        assert "not yet measured on hardware" in logged
 
 
 def test_report_of_a_default_variant_and_of_an_unmeasured_one() -> None:
     inst = {"name": "x", "model": "m", "hf_repo": "r/m", "revision": None, "gpus": [0, 1], "port": 8000, "unit": "x",
-            "vram_need_mib_per_gpu": 1, "vram_arithmetic_mib_per_gpu": {"total_mib": 7}, "variant": "default",
+            "vram_need_mib_per_gpu": 1, "variant": "default", "max_model_len": 4096,
+            "vram_arithmetic_mib_per_gpu": {"total_mib": 7, "requested_mib": 9, "weights_mib": 1, "activation_peak_mib": 2,
+                                            "non_torch_mib": 1, "encoder_probe_mib": 0, "sequence_kv_mib": 3, "kv_pool_mib": 2},
+            "kv_cache": {"gpu_kv_cache_tokens": 1234, "max_concurrency": 1.5, "note": "predicted"},
             "measured_on_hardware": False, "hardware_note": "arithmetic only", "cdi_devices": [], "env": {}, "shm_size": "1g",
             "args": ["--a"], "volumes": [], "labels": {}, "image": "IMAGE", "secret_env": "S"}  # fmt: skip
     bare = "  podman run --name x --pull never --network host --shm-size 1g --security-opt label=disable"
     assert d3_plan_report({"instances": [inst], "gpus": []}, "img") == [
-        "x: m (r/m@UNPINNED) on GPU 0,1, port 8000, unit x.service, needs 7 MiB/GPU",  # the arithmetic's total
+        "x: m (r/m@UNPINNED) on GPU 0,1, port 8000, unit x.service, needs 7 MiB/GPU of its 9 MiB share",  # the arithmetic's
+        "  per GPU: weights 1 + profile-run peak 2 + non-torch 1 + encoder probe 0 + one 4096-token sequence 3 = 7 MiB; the "
+        "share's rest is KV cache (2 MiB in all)",
+        "  vLLM will log: GPU KV cache size: 1,234 tokens; Maximum concurrency for 4,096 tokens per request: 1.50x (predicted)",
         "  NOT YET MEASURED ON HARDWARE: arithmetic only",
         bare + " img --a",
     ]
-    assert d3_plan_report({"instances": [{**inst, "variant": None, "measured_on_hardware": None}], "gpus": []})[1] == (
+    assert d3_plan_report({"instances": [{**inst, "variant": None, "measured_on_hardware": None}], "gpus": []})[3] == (
         bare + " IMAGE --a")
     # shell quoting: a value with a space or a quote is one word for a shell
     assert podman_run({**inst, "cdi_devices": ["nvidia.com/gpu=0"], "env": {"A": "1 2"}, "args": ["--x", "it's"]}) == (
@@ -191,7 +215,7 @@ def test_formatting_of_shares_in_messages(catalog_vars: dict[str, Any]) -> None:
         assert result["instances"][0]["args"][-5:-3] == ["--gpu-memory-utilization", given]
         flash = plan(catalog_vars, [{"model": "d3-flash", "gpus": [0]}, {"model": "d3-edge", "gpus": [0],
                                                                           "extra_args": [f"--gpu-memory-utilization={given}"]}])
-        assert f"--gpu-memory-utilization {shown} on top of d3-flash (0.9)" in flash["errors"][0]
+        assert f"(--gpu-memory-utilization {shown} x 23034 MiB) on top of d3-flash 20730 MiB (0.9)" in flash["errors"][0]
 
 
 def test_options_and_helpers() -> None:
@@ -200,7 +224,8 @@ def test_options_and_helpers() -> None:
     assert str(unknown.value) == "unknown planner option(s): aaa, zzz"
     assert Options.from_dict(None) == Options()
     assert Options.from_dict({"port_base": 9}).port_base == 9
-    assert (Options().gpu_share_cap, Options().vram_overhead_mib, Options().listen_address) == (0.92, 2048, "127.0.0.1")
+    assert (Options().gpu_share_cap, Options().vram_overhead_mib, Options().listen_address) == (0.92, 512, "127.0.0.1")
+    assert Options().min_concurrency == 1.0 and Options.from_dict({"min_concurrency": "2.5"}).min_concurrency == 2.5
     # None = not set in the inventory; numbers from an inventory may be strings
     assert Options.from_dict({"port_base": None, "gpu_share_cap": "0.5", "vram_overhead_mib": "10"}) == Options(
         gpu_share_cap=0.5, vram_overhead_mib=10)

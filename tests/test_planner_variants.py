@@ -79,7 +79,7 @@ def test_default_variant_is_unchanged(catalog_vars: dict[str, Any]) -> None:
     f = flags(implicit)
     assert (f["--model"], f["--quantization"], f["--tensor-parallel-size"]) == ("vllm-sr/d3", "fp8", "2")
     assert implicit["download_bytes"] == 52_200_000_000
-    assert implicit["vram_need_mib_per_gpu"] == 12398 + 2048  # as before variants (tests/test_planner.py)
+    assert implicit["vram_need_mib_per_gpu"] == 13314 + 3024 + 512 + 343  # tests/test_planner.py
     assert implicit["measured_on_hardware"] is True  # the field report's 2xL4 recipe
 
 
@@ -93,10 +93,16 @@ def test_official_fp8_variant_flags_vram_and_download(catalog_vars: dict[str, An
     assert inst["download_bytes"] == 31_900_000_000  # 40 % less than the BF16 checkpoint's 52.2 GB
     assert inst["weights_mib"] == mib(31.9)
     a = inst["vram_arithmetic_mib_per_gpu"]
-    # 27B KV: 16 full-attention layers x 2 KV heads per GPU at TP 2 x 256 x 2 (K, V) x 2 bytes = 32 KiB per token
-    assert a["kv_cache_mib"] == 32 * 8192 // 1024
+    # 27B at TP 2: 784-token blocks of 16 full-attention layers x 2 KV heads per GPU x 256 x 2 (K, V) x 2 bytes; one
+    # 8192-token sequence takes 11 of them plus 3 Gated DeltaNet state blocks, in each of 16 layer pools: 343 MiB
+    assert a["sequence_kv_mib"] == -(-16 * 784 * 2048 * (11 + 3) // 1024**2) == 343
     assert a["weights_mib"] == -(-mib(31.9) // 2) and a["encoder_probe_mib"] == 0
-    assert a["total_mib"] == a["weights_mib"] + 2048 + a["kv_cache_mib"] <= L4_BUDGET_095
+    # FP8 activations (W8A8) like the online recipe: the same peak per token
+    assert a["activation_peak_mib"] == 3024
+    assert a["total_mib"] == a["weights_mib"] + 3024 + 512 + 343 == inst["vram_need_mib_per_gpu"] <= L4_BUDGET_095
+    assert inst["kv_cache"] == {"gpu_kv_cache_tokens": 24304, "max_concurrency": 9.07, "block_size": 784,
+                                "max_num_batched_tokens": 32768, "measured_on_hardware": False,
+                                "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware"}
     assert inst["measured_on_hardware"] is False
 
 
@@ -106,9 +112,11 @@ def test_w4a16_puts_the_27b_on_one_l4_when_the_arithmetic_allows(catalog_vars: d
     assert inst["gpus"] == [0] and flags(inst)["--tensor-parallel-size"] == "1"
     assert "--quantization" not in flags(inst)
     a = inst["vram_arithmetic_mib_per_gpu"]
-    # weights 16.2 GB + 2048 MiB runtime + 64 KiB/token x 8192 (no encoder probe under --enforce-eager)
-    assert (a["weights_mib"], a["kv_cache_mib"], a["encoder_probe_mib"]) == (mib(16.2), 512, 0)
-    assert a["total_mib"] == mib(16.2) + 2048 + 512 == 18010 <= L4_BUDGET_095
+    # weights 16.2 GB + the profile run's peak at 32768 tokens (bf16 activations: W4A16) + non-torch 512 + one 8192-token
+    # sequence (no encoder probe under --enforce-eager): vLLM would start, with a small KV cache
+    assert (a["weights_mib"], a["activation_peak_mib"], a["sequence_kv_mib"], a["encoder_probe_mib"]) == (mib(16.2), 4224, 686, 0)
+    assert a["total_mib"] == mib(16.2) + 4224 + 512 + 686 == 20872 <= L4_BUDGET_095
+    assert (inst["kv_cache"]["gpu_kv_cache_tokens"], inst["kv_cache"]["max_concurrency"]) == (6272, 2.43)
     assert inst["download_bytes"] == 16_200_000_000
     assert inst["measured_on_hardware"] is False
     report = "\n".join(d3_plan_report(result))
@@ -116,23 +124,33 @@ def test_w4a16_puts_the_27b_on_one_l4_when_the_arithmetic_allows(catalog_vars: d
     assert "variant w4a16-awq (compressed-tensors), download 16.2 GB" in report
 
 
-def test_w4a16_on_one_l4_refused_when_the_kv_cache_for_max_model_len_does_not_fit(catalog_vars: dict[str, Any]) -> None:
-    ok = one(plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=65536"]}], gpus=1))
-    assert ok["vram_arithmetic_mib_per_gpu"]["total_mib"] == 18010 - 512 + 4096
+def test_w4a16_on_one_l4_refused_at_65536_tokens(catalog_vars: dict[str, Any]) -> None:
+    # issue 23: this was planned with 288 MiB to spare; vLLM's profile run at 65536 tokens (chunked prefill off) needs
+    # 8448 MiB of activations beside 15450 MiB of weights: more than an L4 holds
     refused(
-        plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=131072"]}], gpus=1),
-        "d3 variant w4a16-awq does not fit: needs 25690 MiB per GPU at TP 1",
-        "KV cache 8192 for --max-model-len 131072",
-        "allows 21882 MiB",
-        "lower --max-model-len",
+        plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=65536"]}], gpus=1),
+        "d3 variant w4a16-awq at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory')",
+        "weights 15450 + profile-run peak 8448 (65536 tokens x 135168 B) + non-torch 512 = 24410 MiB per GPU",
+        "Fix: in d3_models[0].extra_args set --max-model-len=24304 (the longest that fits), or set --tensor-parallel-size=2",
     )
+    # at 32768 tokens the profile run fits but one sequence does not: vLLM's own refusal, with its estimate
+    refused(
+        plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=32768"]}], gpus=1),
+        "its KV cache being too small for one sequence of --max-model-len 32768 (2205 MiB)",
+        "'To serve at least one request with the models's max seq len (32768), (2.15 GiB KV cache is needed, which is "
+        "larger than the available KV cache memory (1.66 GiB). Based on the available memory, the estimated maximum model "
+        "length is 24304.",
+        "--max-model-len=24304 (the longest that fits)",
+    )
+    longest = one(plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=24304"]}], gpus=1))
+    assert longest["kv_cache"]["max_concurrency"] == 1.0
 
 
 def test_w4a16_without_enforce_eager_counts_the_encoder_probe(catalog_vars: dict[str, Any]) -> None:
     item = {"model": "d3", "variant": "w4a16-awq", "extra_args": ["--no-enforce-eager"]}
     refused(
         plan(catalog_vars, [item], gpus=1, allow_cuda_graphs=True),
-        f"encoder probe {mib(18.4)} (CUDA graph capture without --enforce-eager)",
+        f"encoder probe {-(-round(18.4 * 1024**3) // 1024**2)} (CUDA graph capture without --enforce-eager)",
         "keep --enforce-eager",
     )
 
@@ -155,7 +173,8 @@ def test_refuses_nvfp4_on_l4_naming_the_gpu(catalog_vars: dict[str, Any], varian
     refused(
         plan(catalog_vars, [{"model": "d3", "variant": variant}]),
         f"variant '{variant}'",
-        "needs compute capability 10.0 (Blackwell FP4 tensor cores)",
+        "needs compute capability 10.0 (for FP4 compute; below 10.0 vLLM would run it as weight-only FP4 through Marlin "
+        "(marlin_utils_fp4, with a warning), a path nobody has run for D3, so the catalog plans it on Blackwell only)",
         "GPU 0 is a NVIDIA L4 (compute capability 8.9)",
         "bf16-fp8-online, fp8, w4a16-awq",
     )
@@ -182,9 +201,9 @@ def test_refuses_a_variant_that_does_not_exist(catalog_vars: dict[str, Any]) -> 
 def test_refuses_a_variant_that_does_not_fit_with_the_numbers(catalog_vars: dict[str, Any]) -> None:
     refused(
         plan(catalog_vars, [{"model": "d3", "variant": "fp8", "extra_args": ["--tensor-parallel-size=1"]}], gpus=1),
-        f"d3 variant fp8 does not fit: needs {mib(31.9) + 2048} MiB per GPU (weights {mib(31.9)} MiB / TP 1",
-        "allows 21882 MiB",
-        "use --tensor-parallel-size 2",
+        f"d3 variant fp8 at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): "
+        f"weights {mib(31.9)} + profile-run peak 4928 (32768 tokens x 157696 B) + non-torch 512 = 35862 MiB per GPU",
+        "Fix: in d3_models[0].extra_args set --tensor-parallel-size=2",
     )
 
 

@@ -103,8 +103,8 @@ def test_the_quoting_refusal_names_the_word() -> None:
 def test_the_reports_download_size_is_in_units_of_1e9_bytes() -> None:
     inst = {**instance(), "name": "x", "model": "m", "hf_repo": "r/m", "revision": None, "gpus": [0], "port": 8000,
             "variant": "fp8", "quant_method": "fp8", "download_bytes": 1_250_000_001,
-            "vram_arithmetic_mib_per_gpu": {"weights_mib": 1, "runtime_mib": 2, "kv_cache_mib": 3,
-                                            "encoder_probe_mib": 0, "total_mib": 6}}  # fmt: skip
+            "max_model_len": 16, "kv_cache": {"gpu_kv_cache_tokens": 1, "max_concurrency": 1.0, "note": "n"},
+            "vram_arithmetic_mib_per_gpu": {"weights_mib": 1, "activation_peak_mib": 2, "non_torch_mib": 1, "sequence_kv_mib": 2,
+                                            "encoder_probe_mib": 0, "total_mib": 6, "requested_mib": 8, "kv_pool_mib": 2}}  # fmt: skip
     # 1.250000001 GB rounds up; one byte less than a gigabyte per 1e9 would round it down
-    assert plan_report({"instances": [inst], "gpus": []})[1] == (
-        "  variant fp8 (fp8), download 1.3 GB; per GPU: weights 1 + runtime 2 + KV cache 3 + encoder probe 0 = 6 MiB")
+    assert plan_report({"instances": [inst], "gpus": []})[3] == "  variant fp8 (fp8), download 1.3 GB"

@@ -66,7 +66,7 @@ FLEET_KEYS = {"model", "replicas", "name", "hosts", "label", "spread", "port", "
 PASS_KEYS = ("variant", "port", "extra_args", "env")
 HOST_KEYS = {"gpus", "gpu_memory_mib", "labels", "models"}
 # planner options that decide whether an instance fits on its own (the rest are host matters)
-CHECK_OPTIONS = ("allow_non_l4", "allow_cuda_graphs", "vram_overhead_mib", "gpu_share_cap", "cuda_compat")
+CHECK_OPTIONS = ("allow_non_l4", "allow_cuda_graphs", "vram_overhead_mib", "min_concurrency", "gpu_share_cap", "cuda_compat")
 CHECK_HOST = "d3-fleet-check"
 DIGITS = re.compile(r"\A[0-9]+\Z")
 

@@ -68,15 +68,37 @@ BOOLEAN_FLAGS = {
 }
 # Flags the planner reads or owns: an extra_args flag naming one of them, exactly or by a unique prefix as vLLM's
 # parser allows, is that flag (d3_inputs.canonical_flag).
-KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype")
+KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype", "--max-num-batched-tokens")
 NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
 SHA_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "extra_args", "env"}
 # Compute capability of GPUs known by name, for a variant's min_compute_capability when nvidia-smi's compute_cap is
 # not in the GPU list (declared GPUs): the L4 is Ada Lovelace, sm_89 (domain-facts 9).
 KNOWN_COMPUTE_CAPABILITY = {"L4": 8.9}
-# The field report's fixed vision-encoder probe at CUDA graph capture (skipped by --enforce-eager), decimal GB.
-ENCODER_PROBE_GB = 18.4
+
+# -- vLLM's startup memory, term by term (docs/capacity.md names each term's source) ---------------------------------
+# Bytes per element of the dtypes config.json names (vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE, get_dtype_size).
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# HybridAttentionMambaModelConfig.verify_and_update_config (vllm/model_executor/models/config.py): FlashAttention
+# block sizes are multiples of 16 (Blackwell's head-size-256 case, 32, does not apply to an L4).
+KERNEL_BLOCK_ALIGNMENT = 16
+# vllm/utils/__init__.py: DEFAULT_MAX_NUM_BATCHED_TOKENS, POOLING_MODEL_MAX_NUM_BATCHED_TOKENS,
+# MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS; SchedulerConfig raises max_num_batched_tokens to each that applies. D3 is
+# a pooling model (classify) and multimodal, so without chunked prefill its profile run takes max(max_model_len, 32768)
+# tokens.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+POOLING_MODEL_MAX_NUM_BATCHED_TOKENS = 32768
+MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS = 5120
+# The field report's fixed vision-encoder allocation at CUDA graph capture (skipped by --enforce-eager): "18.4 GB"
+# beside "Model weights: 13.0 GB", which is vLLM's "Model loading took 13.0 GiB": GiB, as vLLM logs.
+ENCODER_PROBE_GIB = 18.4
+# Memory outside vLLM's accounting: the CUDA context (and NCCL's buffers at TP > 1) exist before vLLM's first memory
+# snapshot, so they sit outside the --gpu-memory-utilization share but inside the GPU. No source gives the number;
+# the field report bounds it: its 0.95 share started on an L4, so context + NCCL <= 5 % of 23034 MiB = 1151 MiB.
+CUDA_CONTEXT_MIB = 512
+# Memory the profile run allocates outside torch's allocator (cuBLAS / NCCL workspaces): vLLM measures it
+# (memory_profiling's non_torch_increase); its size is not in the source. A margin, d3_vram_overhead_mib.
+NON_TORCH_MIB = 512
 
 
 class PlanError(ValueError):
@@ -93,7 +115,10 @@ class Options:
     allow_non_l4: bool = False
     allow_cuda_graphs: bool = False
     require_revisions: bool = False
-    vram_overhead_mib: int = 2048
+    # memory vLLM's profile run allocates outside torch (cuBLAS / NCCL workspaces): a margin (NON_TORCH_MIB)
+    vram_overhead_mib: int = NON_TORCH_MIB
+    # the least "Maximum concurrency for --max-model-len tokens per request" vLLM may log for a planned instance
+    min_concurrency: float = 1.0
     # Sum of --gpu-memory-utilization allowed on a GPU that several instances share: vLLM refuses to start when
     # free memory is below its share x total, and the driver keeps some (tests/contracts/versions.yml).
     gpu_share_cap: float = 0.92
@@ -160,6 +185,133 @@ def split_args(args: list[Any]) -> list[tuple[str, str | None]]:
 
 def mib_of_gb(gb: float) -> int:
     return round(gb * 1e9 / MIB)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _gib(value: int) -> str:
+    """vLLM's format_gib: bytes as GiB with two decimals."""
+    return f"{value / GIB:.2f}"
+
+
+def kv_cache_figures(
+    arch: dict[str, Any],
+    flags: dict[str, Any],
+    gpu_total_mib: int,
+    tp: int,
+    weights_mib: int = 0,
+    non_torch_mib: int = NON_TORCH_MIB,
+    cuda_context_mib: int = CUDA_CONTEXT_MIB,
+) -> dict[str, Any]:
+    """What vLLM computes at startup for a hybrid Qwen3.5 (D3) model on one GPU of ``gpu_total_mib`` at tensor
+    parallel size ``tp``: the KV cache spec (attention block size, page size, groups), the memory the profile run
+    leaves to the KV cache, and the two figures vLLM logs, ``GPU KV cache size: N tokens`` and ``Maximum concurrency
+    for N tokens per request: Xx``; or the refusal vLLM would raise (``refusal``: kind and vLLM's message).
+
+    ``arch``: the catalog's ``architecture`` (``text``: config.json text_config numbers). ``flags``: vLLM flag values,
+    ``--max-model-len`` and ``--gpu-memory-utilization`` (required), ``--enforce-eager``, ``--max-num-batched-tokens``,
+    ``--enable-chunked-prefill``, ``--quantization``; ``fp8_activations`` (not a flag: the checkpoint quantizes
+    activations to FP8, as --quantization fp8 does). ``weights_mib``: the whole checkpoint's weights in GPU memory.
+    Each term's source is in docs/capacity.md."""
+    text = arch["text"]
+    layers = int(text["num_hidden_layers"])
+    full = layers // int(text["full_attention_interval"])
+    linear = layers - full
+    dtype = DTYPE_BYTES[str(text["dtype"])]
+    kv_heads = max(1, int(text["num_key_value_heads"]) // tp)  # ModelConfig.get_num_kv_heads
+    head_dim = int(text["head_dim"])
+    # FullAttentionSpec.page_size_bytes for one token: K and V, kv-cache dtype "auto" = the model's dtype
+    attn_token = 2 * kv_heads * head_dim * dtype
+    # MambaStateShapeCalculator.gated_delta_net_state_shape + MambaSpec.page_size_bytes: a conv state of
+    # (conv_kernel - 1) x conv_dim / tp in the model dtype, and a temporal state of value heads / tp x k x v dims in
+    # mamba_ssm_dtype
+    key_dim = int(text["linear_num_key_heads"]) * int(text["linear_key_head_dim"])
+    value_dim = int(text["linear_num_value_heads"]) * int(text["linear_value_head_dim"])
+    conv_bytes = (int(text["linear_conv_kernel_dim"]) - 1) * ((2 * key_dim + value_dim) // tp) * dtype
+    ssm_bytes = (
+        int(text["linear_num_value_heads"]) // tp * int(text["linear_key_head_dim"]) * int(text["linear_value_head_dim"])
+        * DTYPE_BYTES[str(text["mamba_ssm_dtype"])]
+    )  # fmt: skip
+    mamba_page = conv_bytes + ssm_bytes
+    # HybridAttentionMambaModelConfig (mamba cache mode "none"): the smallest aligned attention block whose page
+    # holds a mamba state; the mamba page is padded to that page
+    block_size = KERNEL_BLOCK_ALIGNMENT * _cdiv(mamba_page, KERNEL_BLOCK_ALIGNMENT * attn_token)
+    page = block_size * attn_token
+    # _get_kv_cache_groups_uniform_page_size: groups of the smaller layer count (the larger when under 1.5 x)
+    group_size = min(full, linear) if max(full, linear) >= 1.5 * min(full, linear) else max(full, linear)
+    attn_groups, mamba_groups = _cdiv(full, group_size), _cdiv(linear, group_size)
+    groups = attn_groups + mamba_groups
+
+    max_len = int(flags["--max-model-len"])
+    util = float(flags["--gpu-memory-utilization"])
+    chunked = bool(flags.get("--enable-chunked-prefill"))
+    batched = flags.get("--max-num-batched-tokens")
+    if batched is None:  # SchedulerConfig's default: no chunked prefill -> at least max_model_len
+        batched = max(0 if chunked else max_len, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                      POOLING_MODEL_MAX_NUM_BATCHED_TOKENS, MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS)  # fmt: skip
+    batched = int(batched)
+    # the profile run's activation peak per token on one GPU: the residual stream plus the largest layer transient
+    hidden, inter = int(text["hidden_size"]), int(text["intermediate_size"])
+    q8 = 1 if flags.get("fp8_activations", flags.get("--quantization") == "fp8") else 0
+    residual = 2 * hidden * dtype
+    mlp = (2 * inter // tp + inter // tp) * dtype + (inter // tp + hidden) * q8 + hidden * dtype
+    gdn = ((2 * key_dim + 2 * value_dim) // tp + (2 * key_dim + value_dim) // tp + value_dim // tp + hidden) * dtype + hidden * q8
+    heads = int(text["num_attention_heads"])
+    attn = (3 * heads * head_dim // tp + 2 * kv_heads * head_dim + hidden) * dtype + hidden * q8
+    per_token = residual + max(mlp, gdn, attn)
+    peak_mib = _cdiv(batched * per_token, MIB)
+    probe_mib = 0 if flags.get("--enforce-eager", True) else _cdiv(round(ENCODER_PROBE_GIB * GIB), MIB)
+    weights = _cdiv(int(weights_mib), tp)
+    non_kv_mib = weights + peak_mib + int(non_torch_mib) + probe_mib
+    requested = int(gpu_total_mib * MIB * util)  # init_snapshot.total_memory * gpu_memory_utilization
+    available = requested - non_kv_mib * MIB  # determine_available_memory: requested - non_kv_cache_memory
+    per_seq_blocks = attn_groups * _cdiv(max_len, block_size) + mamba_groups
+    needed = group_size * page * per_seq_blocks  # _max_memory_usage_bytes_from_groups
+    num_blocks = max(available, 0) // page // group_size  # get_num_blocks
+    fits_blocks = max(available, 0) // (group_size * page) - mamba_groups
+    estimated = min(max_len, block_size * (fits_blocks // attn_groups)) if fits_blocks > 0 else 0
+    figures: dict[str, Any] = {
+        "block_size": block_size,
+        "page_size_bytes": page,
+        "mamba_page_bytes": mamba_page,
+        "kv_groups": groups,
+        "group_size": group_size,
+        "max_num_batched_tokens": batched,
+        "activation_bytes_per_token": per_token,
+        "weights_mib": weights,
+        "activation_peak_mib": peak_mib,
+        "non_torch_mib": int(non_torch_mib),
+        "encoder_probe_mib": probe_mib,
+        "non_kv_mib": non_kv_mib,
+        "requested_mib": requested // MIB,
+        "kv_pool_mib": num_blocks * page * group_size // MIB,
+        "sequence_mib": _cdiv(needed, MIB),
+        "num_gpu_blocks": num_blocks,
+        "gpu_kv_cache_tokens": num_blocks // groups * block_size,  # _report_kv_cache_config
+        "max_concurrency": num_blocks / per_seq_blocks,  # get_max_concurrency_for_kv_cache_config
+        "estimated_max_model_len": estimated,
+        "refusal": None,
+    }
+    if not chunked and batched < max_len:
+        figures["refusal"] = {"kind": "batched_tokens", "message": f"max_num_batched_tokens ({batched}) is smaller than "
+                              f"max_model_len ({max_len})"}  # fmt: skip
+    elif non_kv_mib > int(gpu_total_mib) - int(cuda_context_mib):
+        figures["refusal"] = {"kind": "profile_oom", "message": "torch.OutOfMemoryError: CUDA out of memory"}
+    elif available <= 0:
+        figures["refusal"] = {"kind": "no_kv_memory", "message": "No available memory for the cache blocks. Try "
+                              "increasing `gpu_memory_utilization` when initializing the engine."}  # fmt: skip
+    elif needed > available:
+        based = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
+                 if estimated > 0 else "")  # fmt: skip
+        figures["refusal"] = {
+            "kind": "max_seq_len",
+            "message": f"To serve at least one request with the models's max seq len ({max_len}), ({_gib(needed)} GiB KV "
+            f"cache is needed, which is larger than the available KV cache memory ({_gib(available)} GiB). {based}Try "
+            "increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+        }
+    return figures
 
 
 def host_gpus(count: int, memory_mib: int, name: str) -> list[dict[str, Any]]:
@@ -240,9 +392,7 @@ class _Planner:
         for flag, value in pairs:
             base = flag.split(".", 1)[0]
             if base in OWNED_FLAGS:
-                self.refuse(
-                    where, f"extra_args sets {base}, which the planner owns", f"remove it; set {OWNED_FLAGS[base]}"
-                )
+                self.refuse(where, f"extra_args sets {base}, which the planner owns", f"remove it; set {OWNED_FLAGS[base]}")
                 return None
             if "." in flag and base in KNOWN_FLAGS:
                 self.refuse(
@@ -297,56 +447,49 @@ class _Planner:
         if tp < 1:
             self.refuse(where, f"--tensor-parallel-size {tp} is below 1", "use 1 or more")
             return None
-        if max_len > int(self.common["max_position_embeddings"]) or max_len < 1:
+        length_ok = 1 <= max_len <= int(self.common["max_position_embeddings"])
+        if not length_ok:
             self.refuse(
                 where,
-                f"--max-model-len {max_len} is outside 1..{self.common['max_position_embeddings']} "
-                "(max_position_embeddings)",
-                f"lower --max-model-len in d3_models[{pos}].extra_args",
+                f"--max-model-len {max_len} is outside 1..{self.common['max_position_embeddings']} (max_position_embeddings)",
+                f"set --max-model-len within 1..{self.common['max_position_embeddings']} in d3_models[{pos}].extra_args",
             )
         if not 0.0 < util <= 1.0:
             self.refuse(where, f"--gpu-memory-utilization {util} is outside (0, 1]", "use a fraction such as 0.45")
             return None
 
         weights_mib = mib_of_gb(float(variant["weights_gb"]))
-        per_gpu_need = -(-weights_mib // tp) + int(self.opt.vram_overhead_mib)
-        min_mem = min((int(g["memory_total_mib"]) for g in self.gpus), default=0)
-        if self.gpus and per_gpu_need > min_mem * util:
-            smallest = min(
-                (t for t in range(tp, 9) if -(-weights_mib // t) + self.opt.vram_overhead_mib <= min_mem * util),
-                default=None,
-            )
-            hint = f"use --tensor-parallel-size {smallest}" if smallest else "pick a smaller model"
-            self.refuse(
-                where,
-                f"{model}{variant['label']} does not fit: needs {per_gpu_need} MiB per GPU (weights {weights_mib} MiB "
-                f"/ TP {tp} + {self.opt.vram_overhead_mib} MiB runtime) but --gpu-memory-utilization {_fmt(util)} of "
-                f"{min_mem} MiB allows {int(min_mem * util)} MiB",
-                f"raise --gpu-memory-utilization in d3_models[{pos}].extra_args or {hint}",
-            )
-            return None
         # True: the field report ran this variant at this TP on L4s; False: nobody did (a chosen variant, or the
         # default at another TP); None: a default recipe the field report's sizing table lists without a run
         measured: bool | None = bool(self.gpus) and all(self.is_l4(g) for g in self.gpus) and tp in variant["measured_on_l4_tp"]
         if not measured and not variant["chosen"] and not variant["measured_on_l4_tp"]:
             measured = None
+        extra_flags = dict(extra)
+        try:
+            batched = extra_flags.get("--max-num-batched-tokens")
+            batched = None if batched is None else int(str(batched))
+        except ValueError as exc:
+            self.refuse(where, f"--max-num-batched-tokens in extra_args does not parse ({exc})", "give a number")
+            return None
         # the encoder probe counts for a variant other than the size's default (nobody ran those on an L4); the
         # default recipe keeps d3_allow_cuda_graphs as the operator's acknowledgement
-        arithmetic = self.arithmetic(entry, weights_mib, tp, max_len, eager, bool(measured) or not variant["chosen"])
-        if self.gpus and arithmetic["total_mib"] > min_mem * util:
-            parts = (
-                f"weights {arithmetic['weights_mib']} + runtime {arithmetic['runtime_mib']} + KV cache "
-                f"{arithmetic['kv_cache_mib']} for --max-model-len {max_len}"
-            )
-            if arithmetic["encoder_probe_mib"]:
-                parts += f" + encoder probe {arithmetic['encoder_probe_mib']} (CUDA graph capture without --enforce-eager)"
+        vllm_flags = {
+            "--max-model-len": max_len,
+            "--gpu-memory-utilization": util,
+            "--enforce-eager": eager or bool(measured) or not variant["chosen"],
+            "--quantization": flags["--quantization"],
+            "--max-num-batched-tokens": batched,
+            "--enable-chunked-prefill": "--enable-chunked-prefill" in extra_flags,
+            "fp8_activations": flags["--quantization"] == "fp8" or variant["activations"] == "fp8",
+        }
+        min_mem = min((int(g["memory_total_mib"]) for g in self.gpus), default=0)
+        figures = self.figures(entry, vllm_flags, min_mem or int(self.common.get("l4_memory_mib", 0)), tp, weights_mib)
+        short = self.memory_shortfall(figures, max_len)
+        if self.gpus and short and length_ok:
             self.refuse(
                 where,
-                f"{model}{variant['label']} does not fit: needs {arithmetic['total_mib']} MiB per GPU at TP {tp} "
-                f"({parts}) but --gpu-memory-utilization {_fmt(util)} of {min_mem} MiB allows {int(min_mem * util)} MiB",
-                f"lower --max-model-len or raise --tensor-parallel-size in d3_models[{pos}].extra_args"
-                + ("" if eager else ", or keep --enforce-eager")
-                + (", or pick a smaller variant" if variant["choices"] > 1 else ""),
+                f"{model}{variant['label']} at TP {tp} {short}",
+                self.memory_fix(pos, entry, vllm_flags, min_mem, tp, weights_mib),
             )
             return None
 
@@ -364,9 +507,7 @@ class _Planner:
         # ("vllm-sr/d3-FP8") is accepted too. A default variant's repository name is the model id.
         key = variant["revision_key"]
         revision = self.opt.revisions.get(variant["hf_repo"], self.opt.revisions.get(key))
-        record = (
-            f" (vllm-sr v3.1.0 record: {entry['release_revision_short']}...)" if variant["hf_repo"] == entry["hf_repo"] else ""
-        )
+        record = f" (vllm-sr v3.1.0 record: {entry['release_revision_short']}...)" if variant["hf_repo"] == entry["hf_repo"] else ""
         if revision is not None and not SHA_RE.match(str(revision)):
             self.refuse(
                 where,
@@ -395,8 +536,8 @@ class _Planner:
             "env": env,
             "shm_size": variant["shm_size"],
             "weights_mib": weights_mib,
-            "need_mib": per_gpu_need,
-            "arithmetic": arithmetic,
+            "figures": figures,
+            "vllm_flags": vllm_flags,
             "measured": measured,
             "gpus_wanted": item.get("gpus"),
             "port_wanted": item.get("port"),
@@ -420,9 +561,7 @@ class _Planner:
                 return KNOWN_COMPUTE_CAPABILITY[word]
         return None
 
-    def variant(
-        self, pos: int, where: str, model: str, entry: dict[str, Any], wanted: Any
-    ) -> dict[str, Any] | None:
+    def variant(self, pos: int, where: str, model: str, entry: dict[str, Any], wanted: Any) -> dict[str, Any] | None:
         """The instance's checkpoint variant with every field resolved (the size's own values where it has none);
         refuses a variant that does not exist or does not apply to the host's GPUs."""
         variants = entry.get("variants") or {}
@@ -432,8 +571,7 @@ class _Planner:
         elif not variants:
             self.refuse(
                 where,
-                f"{model} has no variant {name!r}: it has only its default checkpoint ({entry['hf_repo']}), no variants "
-                "to choose from",
+                f"{model} has no variant {name!r}: it has only its default checkpoint ({entry['hf_repo']}), no variants to choose from",
                 f"remove `variant:` from d3_models[{pos}] to run that checkpoint",
             )
             return None
@@ -441,8 +579,7 @@ class _Planner:
             self.refuse(
                 where,
                 f"{model} has no variant {name!r}",
-                f"set d3_models[{pos}].variant to one of: {', '.join(variants)} (or leave it out for "
-                f"{entry.get('default_variant')})",
+                f"set d3_models[{pos}].variant to one of: {', '.join(variants)} (or leave it out for {entry.get('default_variant')})",
             )
             return None
         else:
@@ -463,6 +600,7 @@ class _Planner:
             "pre_quantized": bool(raw.get("pre_quantized", quant_method is not None)),
             "quantization_flag": None if flag is None else str(flag),
             "measured_on_l4_tp": [int(t) for t in raw.get("measured_on_l4_tp") or []],
+            "activations": raw.get("activations"),
         }
         for key in ("tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "shm_size"):
             resolved[key] = raw.get(key, entry[key])
@@ -488,30 +626,83 @@ class _Planner:
                     return None
         return resolved
 
-    def arithmetic(
-        self, entry: dict[str, Any], weights_mib: int, tp: int, max_len: int, eager: bool, no_probe: bool
-    ) -> dict[str, int]:
-        """Per-GPU memory an instance needs: its weights share, the runtime overhead, the bf16 KV cache of the
-        full-attention layers for --max-model-len (GDN state sits in the runtime overhead) and, unless no_probe, the
-        field report's fixed 18.4 GB encoder probe when CUDA graphs are captured (without --enforce-eager)."""
-        text = (entry.get("architecture") or {}).get("text") or {}
-        kv_mib = 0
-        if text:
-            full_layers = int(text["num_hidden_layers"]) // int(text["full_attention_interval"])
-            per_token = (
-                2 * full_layers * -(-int(text["num_key_value_heads"]) // tp) * int(text["head_dim"]) * 2
-            )  # fmt: skip
-            kv_mib = -(-per_token * max_len // MIB)
-        probe_mib = 0 if eager or no_probe else mib_of_gb(ENCODER_PROBE_GB)
-        weights = -(-weights_mib // tp)
-        runtime = int(self.opt.vram_overhead_mib)
-        return {
-            "weights_mib": weights,
-            "runtime_mib": runtime,
-            "kv_cache_mib": kv_mib,
-            "encoder_probe_mib": probe_mib,
-            "total_mib": weights + runtime + kv_mib + probe_mib,
-        }
+    def figures(self, entry: dict[str, Any], flags: dict[str, Any], total_mib: int, tp: int, weights_mib: int) -> dict[str, Any]:
+        """kv_cache_figures for a catalog entry on a GPU of total_mib (d3_vram_overhead_mib: the non-torch margin)."""
+        return kv_cache_figures(entry["architecture"], flags, total_mib, tp, weights_mib, int(self.opt.vram_overhead_mib))
+
+    def memory_shortfall(self, fig: dict[str, Any], max_len: int) -> str:
+        """Why vLLM would refuse (or start below d3_min_concurrency) with these figures, in MiB; "" when it starts."""
+        parts = (
+            f"weights {fig['weights_mib']} + profile-run peak {fig['activation_peak_mib']} ({fig['max_num_batched_tokens']} "
+            f"tokens x {fig['activation_bytes_per_token']} B) + non-torch {fig['non_torch_mib']}"
+            + (f" + encoder probe {fig['encoder_probe_mib']} (CUDA graph capture without --enforce-eager)"
+               if fig["encoder_probe_mib"] else "")
+            + f" = {fig['non_kv_mib']} MiB per GPU"
+        )  # fmt: skip
+        share = f"its share (--gpu-memory-utilization x GPU memory) of {fig['requested_mib']} MiB"
+        refusal = fig["refusal"]
+        if refusal is None:
+            floor = float(self.opt.min_concurrency) if self.floor_problem() is None else 1.0  # refused on its own
+            if fig["max_concurrency"] + 1e-9 >= floor:
+                return ""
+            return (
+                f"would start with 'GPU KV cache size: {fig['gpu_kv_cache_tokens']:,} tokens' and 'Maximum concurrency for "
+                f"{max_len:,} tokens per request: {fig['max_concurrency']:.2f}x', below d3_min_concurrency "
+                f"{_fmt(float(self.opt.min_concurrency))} ({parts} of {share} leave a KV cache of {fig['kv_pool_mib']} MiB; "
+                f"one {max_len}-token sequence takes {fig['sequence_mib']} MiB)"
+            )
+        if refusal["kind"] == "batched_tokens":
+            return f"is refused by vLLM at startup: '{refusal['message']}' (chunked prefill is off for D3: the field report)"
+        if refusal["kind"] == "profile_oom":
+            return (
+                f"runs out of memory in vLLM's profile run ('{refusal['message']}'): {parts}, more than the GPU holds "
+                f"beside the CUDA context"
+            )
+        if refusal["kind"] == "no_kv_memory":
+            return f"is refused by vLLM at startup: '{refusal['message']}': {parts} fill {share}"
+        return (
+            f"is refused by vLLM at startup, its KV cache being too small for one sequence of --max-model-len "
+            f"{max_len} ({fig['sequence_mib']} MiB): '{refusal['message']}' ({parts} of {share})"
+        )
+
+    def memory_fix(self, pos: int, entry: dict[str, Any], flags: dict[str, Any], total_mib: int, tp: int, weights_mib: int) -> str:
+        """Changes that each make the instance start, checked with the same arithmetic: the longest --max-model-len,
+        the smallest --gpu-memory-utilization (up to 0.97: the CUDA context needs the rest), the smallest larger TP."""
+
+        def works(changes: dict[str, Any], size: int = tp) -> bool:
+            fig = self.figures(entry, {**flags, **changes}, total_mib, size, weights_mib)
+            return not self.memory_shortfall(fig, int(changes.get("--max-model-len", flags["--max-model-len"])))
+
+        fixes = []
+        lo, hi = 1, int(flags["--max-model-len"]) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if works({"--max-model-len": mid}):
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        if hi >= 1:
+            fixes.append(f"set --max-model-len={hi} (the longest that fits)")
+        step = next(
+            (
+                u
+                for u in range(round(float(flags["--gpu-memory-utilization"]) * 100) + 1, 98)
+                if works({"--gpu-memory-utilization": u / 100})
+            ),
+            None,
+        )
+        if step is not None:
+            fixes.append(f"set --gpu-memory-utilization={_fmt(step / 100)}")
+        text = entry["architecture"]["text"]
+        heads = (int(text["num_attention_heads"]), int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"]))
+        size = next((t for t in (2, 4, 8) if t > tp and all(h % t == 0 for h in heads) and works({}, t)), None)
+        if size is not None:
+            fixes.append(f"set --tensor-parallel-size={size} ({size} GPUs; the host has {len(self.gpus)})")
+        batched = flags["--max-num-batched-tokens"]
+        if batched is not None and batched < flags["--max-model-len"] and not flags["--enable-chunked-prefill"]:
+            fixes.insert(0, "remove --max-num-batched-tokens (vLLM then takes max(--max-model-len, 32768))")
+        fix = f"in d3_models[{pos}].extra_args " + ", or ".join(fixes) if fixes else f"pick a smaller model or variant for d3_models[{pos}]"
+        return fix + ("" if flags["--enforce-eager"] else "; or keep --enforce-eager (remove --no-enforce-eager)")
 
     # -- GPU placement --------------------------------------------------------------------------
     def fits(self, idx: int, inst: dict[str, Any]) -> bool:
@@ -540,36 +731,58 @@ class _Planner:
         if bad:
             self.refuse(
                 where,
-                f"GPU index {bad} out of range: the host has {len(self.gpus)} GPU(s) "
-                f"({', '.join(str(i) for i in self.util) or 'none'})",
+                f"GPU index {bad} out of range: the host has {len(self.gpus)} GPU(s) ({', '.join(str(i) for i in self.util) or 'none'})",
                 "use indices from nvidia-smi, or correct d3_gpu_count",
             )
             return
         if len(wanted) != inst["tp"]:
             self.refuse(
                 where,
-                f"tensor parallel size {inst['tp']} needs {inst['tp']} GPU(s) but d3_models[{inst['pos']}].gpus "
-                f"gives {len(wanted)}",
+                f"tensor parallel size {inst['tp']} needs {inst['tp']} GPU(s) but d3_models[{inst['pos']}].gpus gives {len(wanted)}",
                 f"list exactly {inst['tp']} GPU(s), or set --tensor-parallel-size={len(wanted)} in extra_args",
             )
             return
         over = [g for g in wanted if not self.fits(g, inst)]
         if over:
-            self.refuse(
-                where,
-                self._over_budget(over[0], inst),
-                "move an instance to another GPU, or lower --gpu-memory-utilization so the shares fit d3_gpu_share_cap",
-            )
+            self.refuse(where, self._over_budget(over[0], inst), self._share_fix(inst, over))
             return
         self.take(inst, list(wanted))
 
+    def _mib(self, idx: int, util: float) -> int:
+        return int(self.memory(idx) * util)
+
+    def memory(self, idx: int) -> int:
+        return next(int(g["memory_total_mib"]) for g in self.gpus if int(g["index"]) == idx)
+
+    def _users(self, idx: int) -> str:
+        """Who holds how much of a GPU: each instance's share in MiB (and its --gpu-memory-utilization)."""
+        return ", ".join(f"{o['name']} {self._mib(idx, o['util'])} MiB ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
+
     def _over_budget(self, idx: int, inst: dict[str, Any]) -> str:
-        others = ", ".join(f"{o['name']} ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
+        cap = float(self.opt.gpu_share_cap)
+        used = sum(self._mib(idx, o["util"]) for o in self.use[idx])
         return (
-            f"VRAM over budget on GPU {idx}: --gpu-memory-utilization {_fmt(inst['util'])} on top of {others} "
-            f"exceeds d3_gpu_share_cap {_fmt(float(self.opt.gpu_share_cap))} of a shared GPU's memory (vLLM needs its "
-            "share free at start, and the driver keeps some)"
+            f"VRAM over budget on GPU {idx}: its share of {self._mib(idx, inst['util'])} MiB (--gpu-memory-utilization "
+            f"{_fmt(inst['util'])} x {self.memory(idx)} MiB) on top of {self._users(idx)} makes "
+            f"{used + self._mib(idx, inst['util'])} MiB, over the {int(self.memory(idx) * cap)} MiB that d3_gpu_share_cap "
+            f"{_fmt(cap)} allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some)"
         )
+
+    def _share_fix(self, inst: dict[str, Any], gpus: list[int]) -> str:
+        """Where to put the flag: a smaller --gpu-memory-utilization in extra_args, when the instance still starts
+        with it (the same arithmetic), or another GPU."""
+        left = min(float(self.opt.gpu_share_cap) - self.util[g] for g in gpus)
+        util = int(left * 100 + 1e-9) / 100
+        fix = f"move d3_models[{inst['pos']}] to another GPU (its `gpus:`) or host"
+        if util > 0:
+            fig = self.figures(self.catalog[inst["model"]], {**inst["vllm_flags"], "--gpu-memory-utilization": util},
+                               min(self.memory(g) for g in gpus), inst["tp"], inst["weights_mib"])  # fmt: skip
+            if not self.memory_shortfall(fig, inst["max_model_len"]):
+                return f"set --gpu-memory-utilization={_fmt(util)} in d3_models[{inst['pos']}].extra_args (what is left), or " + fix
+            fix += (
+                f" (at the {_fmt(util)} left, {inst['name']} itself would not start: {self.memory_shortfall(fig, inst['max_model_len'])})"
+            )
+        return fix
 
     def place_auto(self, inst: dict[str, Any]) -> None:
         where = f"d3_models[{inst['pos']}] ({inst['name']})"
@@ -582,12 +795,13 @@ class _Planner:
             return
         free = [i for i in self.util if self.fits(i, inst)]
         if len(free) < inst["tp"]:
-            state = "; ".join(f"GPU {i}: {_fmt(u)} used" for i, u in self.util.items())
+            state = "; ".join(f"GPU {i}: {self._users(i)}" for i in self.util)
             self.refuse(
                 where,
-                f"VRAM over budget: no {inst['tp']} GPU(s) with {_fmt(inst['util'])} of memory left within "
-                f"d3_gpu_share_cap {_fmt(float(self.opt.gpu_share_cap))} ({state})",
-                "remove an instance from this host, lower --gpu-memory-utilization, or use another host",
+                f"VRAM over budget: no {inst['tp']} GPU(s) with {self._mib(next(iter(self.util)), inst['util'])} MiB "
+                f"(--gpu-memory-utilization {_fmt(inst['util'])}) left within d3_gpu_share_cap "
+                f"{_fmt(float(self.opt.gpu_share_cap))} of each GPU's memory ({state})",
+                self._share_fix(inst, sorted(self.util, key=lambda i: self.util[i])[: inst["tp"]]),
             )
             return
         self.take(inst, free[: inst["tp"]])
@@ -622,6 +836,7 @@ class _Planner:
 
     # -- output --------------------------------------------------------------------------------------
     def emit(self, inst: dict[str, Any]) -> dict[str, Any]:
+        fig = inst["figures"]
         args = ["--model", inst["hf_repo"]]
         if inst["revision"]:
             args += ["--revision", inst["revision"]]
@@ -657,8 +872,7 @@ class _Planner:
             "bind_address": self.opt.listen_address,
             "url": url,
             "hf_home": hf_home,
-            "cache_path": f"{hf_home}/hub/models--{inst['hf_repo'].replace('/', '--')}/snapshots/"
-            f"{inst['revision'] or 'UNPINNED'}",
+            "cache_path": f"{hf_home}/hub/models--{inst['hf_repo'].replace('/', '--')}/snapshots/{inst['revision'] or 'UNPINNED'}",
             "volumes": [f"{hf_home}:{container_hf_home}:ro"],
             "labels": {
                 label.INSTANCE: inst["name"],
@@ -671,11 +885,28 @@ class _Planner:
             "no_new_privileges": True,
             "capabilities": sorted({str(c).upper().removeprefix("CAP_") for c in self.opt.capabilities}),
             "weights_mib": inst["weights_mib"],
-            "vram_need_mib_per_gpu": inst["need_mib"],
+            # what one GPU needs to start: everything but the KV cache, plus one --max-model-len sequence of it
+            "vram_need_mib_per_gpu": fig["non_kv_mib"] + fig["sequence_mib"],
             "variant": inst["variant"]["name"],
             "quant_method": inst["variant"]["quant_method"],
             "download_bytes": int(float(inst["variant"]["download_gb"]) * 1e9),
-            "vram_arithmetic_mib_per_gpu": inst["arithmetic"],
+            "vram_arithmetic_mib_per_gpu": {
+                **{
+                    k: fig[k]
+                    for k in ("weights_mib", "activation_peak_mib", "non_torch_mib", "encoder_probe_mib", "requested_mib", "kv_pool_mib")
+                },
+                "sequence_kv_mib": fig["sequence_mib"],
+                "total_mib": fig["non_kv_mib"] + fig["sequence_mib"],
+            },
+            # the two figures vLLM logs at startup (vllm/v1/core/kv_cache_utils.py _report_kv_cache_config), predicted
+            "kv_cache": {
+                "gpu_kv_cache_tokens": fig["gpu_kv_cache_tokens"],
+                "max_concurrency": round(fig["max_concurrency"], 2),
+                "block_size": fig["block_size"],
+                "max_num_batched_tokens": fig["max_num_batched_tokens"],
+                "measured_on_hardware": False,
+                "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware",
+            },
             "measured_on_hardware": inst["measured"],
             "hardware_note": {
                 True: "the field report ran this recipe on L4 hardware",
@@ -748,8 +979,17 @@ class _Planner:
             for other in earlier:
                 other["wait_ready"] = True
 
+    def floor_problem(self) -> str | None:
+        floor = self.opt.min_concurrency
+        if isinstance(floor, bool) or not 0 < float(floor) < float("inf"):
+            return f"{floor!r} is not a number above 0"
+        return None
+
     # -- fleet inputs that reach the unit files ----------------------------------------------------
     def check_options(self) -> None:
+        if self.floor_problem():
+            self.refuse("d3_min_concurrency", str(self.floor_problem()),
+                        "set the least maximum concurrency vLLM may log, e.g. 1 (what vLLM needs to start) or 4")  # fmt: skip
         problem = check("path", self.opt.hf_home)
         if problem:
             self.refuse("d3_hf_home", f"{shown(self.opt.hf_home)} {problem}", "give a plain absolute directory")
@@ -802,10 +1042,7 @@ class _Planner:
         for g in self.gpus:
             idx = int(g["index"])
             mem = int(g["memory_total_mib"])
-            budget = [
-                {"instance": i["name"], "utilization": i["util"], "budget_mib": int(mem * i["util"])}
-                for i in self.use[idx]
-            ]
+            budget = [{"instance": i["name"], "utilization": i["util"], "budget_mib": int(mem * i["util"])} for i in self.use[idx]]
             used = sum(b["budget_mib"] for b in budget)
             gpus.append(
                 {
@@ -817,13 +1054,32 @@ class _Planner:
                     "free_mib": mem - used,
                 }
             )
+        emitted = [self.emit(i) for i in placed]
         return {
             "host": self.host,
             "hf_home": str(self.opt.hf_home).rstrip("/") or "/",
-            "instances": [self.emit(i) for i in placed] if not self.errors else [],
+            "instances": emitted if not self.errors else [],
             "gpus": gpus,
             "errors": list(self.errors),
+            # a refused host's plan so far: what would run where if the errors were fixed (nothing is changed)
+            "partial": self.partial(emitted, gpus) if self.errors else [],
         }
+
+    @staticmethod
+    def partial(emitted: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> list[str]:
+        lines = [
+            f"{i['name']}: {i['model']} on GPU {','.join(str(g) for g in i['gpus'])}, port {i['port']}, needs "
+            f"{i['vram_need_mib_per_gpu']} MiB/GPU of its {i['vram_arithmetic_mib_per_gpu']['requested_mib']} MiB share; "
+            f"GPU KV cache size: {i['kv_cache']['gpu_kv_cache_tokens']:,} tokens, maximum concurrency "
+            f"{i['kv_cache']['max_concurrency']:.2f}x at {i['max_model_len']:,} tokens (predicted)"
+            for i in emitted
+        ]
+        return lines + [
+            f"GPU {g['index']}: {g['budget_mib']}/{g['memory_total_mib']} MiB in shares ("
+            + (", ".join(f"{b['instance']} {b['budget_mib']} MiB" for b in g["budget"]) or "idle")
+            + ")"
+            for g in gpus
+        ]
 
 
 def d3_plan(

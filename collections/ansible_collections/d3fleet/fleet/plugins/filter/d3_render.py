@@ -110,19 +110,28 @@ def plan_report(plan: dict[str, Any], image: str | None = None, secret: str = ""
     budget per GPU."""
     lines: list[str] = []
     for i in plan["instances"]:
-        # the whole per-GPU need (weights, runtime, KV cache, encoder probe) as the planner's arithmetic() adds it
-        # up: the same number as the variant line's total
+        # the per-GPU need (everything but the KV cache, plus one --max-model-len sequence of it) out of the
+        # instance's share, then the two figures vLLM logs at startup, as the planner predicts them
         a = i["vram_arithmetic_mib_per_gpu"]
+        kv = i["kv_cache"]
         lines.append(
             f"{i['name']}: {i['model']} ({i['hf_repo']}@{i['revision'] or 'UNPINNED'}) on GPU "
             f"{','.join(str(g) for g in i['gpus'])}, port {i['port']}, unit {i['unit']}.service, "
-            f"needs {a['total_mib']} MiB/GPU"
+            f"needs {a['total_mib']} MiB/GPU of its {a['requested_mib']} MiB share"
+        )
+        lines.append(
+            f"  per GPU: weights {a['weights_mib']} + profile-run peak {a['activation_peak_mib']} + non-torch "
+            f"{a['non_torch_mib']} + encoder probe {a['encoder_probe_mib']} + one {i['max_model_len']}-token sequence "
+            f"{a['sequence_kv_mib']} = {a['total_mib']} MiB; the share's rest is KV cache ({a['kv_pool_mib']} MiB in all)"
+        )
+        lines.append(
+            f"  vLLM will log: GPU KV cache size: {kv['gpu_kv_cache_tokens']:,} tokens; Maximum concurrency for "
+            f"{i['max_model_len']:,} tokens per request: {kv['max_concurrency']:.2f}x ({kv['note']})"
         )
         if i.get("variant") not in (None, "default"):  # "default": a catalog entry without variants
             lines.append(
                 f"  variant {i['variant']} ({i['quant_method'] or 'no quantization_config'}), download "
-                f"{i['download_bytes'] / 1e9:.1f} GB; per GPU: weights {a['weights_mib']} + runtime {a['runtime_mib']} "
-                f"+ KV cache {a['kv_cache_mib']} + encoder probe {a['encoder_probe_mib']} = {a['total_mib']} MiB"
+                f"{i['download_bytes'] / 1e9:.1f} GB"
             )
         if i.get("measured_on_hardware") is False:
             lines.append(f"  NOT YET MEASURED ON HARDWARE: {i['hardware_note']}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from d3_metrics import FilterModule, metrics_alertmanager, metrics_rules, metrics_scrape
+from d3_metrics import DEFAULTS, FilterModule, metrics_alertmanager, metrics_rules, metrics_scrape
 from d3_planner import d3_plan
 from l4 import l4_gpus
 
@@ -79,6 +79,7 @@ def test_the_config_is_prometheus_yml(fleet: dict[str, Any]) -> None:
     assert config["alerting"] == {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]}
     assert [j["job_name"] for j in config["scrape_configs"]] == ["d3-vllm", "d3-router", "d3-node"]
     assert all(j["metrics_path"] == CONTRACT["vllm"]["path"] for j in config["scrape_configs"])
+    assert [j.get("honor_labels") for j in config["scrape_configs"]] == [None, None, True]
     node = config["scrape_configs"][2]["static_configs"]
     assert node[0] == {"targets": ["10.0.0.11:9100"], "labels": {"host": "l4-a", "instance": "l4-a"}}
 
@@ -304,3 +305,10 @@ def test_bad_timings_are_refused() -> None:
 def test_the_filters_are_exported() -> None:
     assert FilterModule().filters() == {"d3_metrics_scrape": metrics_scrape, "d3_metrics_rules": metrics_rules,
                                         "d3_metrics_alertmanager": metrics_alertmanager}  # fmt: skip
+
+
+def test_the_filter_defaults_are_the_role_s() -> None:
+    defaults = yaml.safe_load((ROOT / "roles/d3_metrics/defaults/main.yml").read_text())
+    for key, value in DEFAULTS.items():
+        if key != "router_metrics_port":  # the router role's d3_router_metrics_port
+            assert defaults[f"d3_metrics_{key}"] == value, key

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tool(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    path = shutil.which(name) or str(ROOT / ".venv/bin" / name)
+    path = shutil.which(name) or str(Path(sys.executable).parent / name)  # make promtool: the venv's bin
     if not Path(path).exists():
         pytest.fail(f"{name} is missing: run `make promtool` (the binaries out of Debian's packages)")
     return subprocess.run([path, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)

@@ -137,13 +137,14 @@ def stage(tests: list[str]) -> None:
     with (STAGE / "tests/conftest.py").open("a") as conftest:
         conftest.write(ALIAS_HOOK)
     shutil.copytree(ROOT / "roles", STAGE / "roles")
+    shutil.copytree(ROOT / "docs", STAGE / "docs")  # test_metrics checks the runbook has each alert's entry
     # the lab's vLLM simulator: test_bench_simulator runs the bench against it
     shutil.copytree(ROOT / "lab/simulator", STAGE / "lab/simulator", ignore=shutil.ignore_patterns("__pycache__"))
     args = ", ".join(json.dumps(a) for a in ["-m", "not lab and not playbook", "-p", "no:cacheprovider", "-W", "ignore"])
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
-        'also_copy = ["roles", "lib", "collections", "lab"]\n'
+        'also_copy = ["roles", "lib", "collections", "lab", "docs"]\n'
         f"pytest_add_cli_args = [{args}]\n"
         f"pytest_add_cli_args_test_selection = [{', '.join(json.dumps(t) for t in tests)}]\n"
         "use_git_change_detection = false\n"

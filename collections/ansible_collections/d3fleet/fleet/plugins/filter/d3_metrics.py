@@ -205,6 +205,8 @@ def metrics_scrape(
                 "metrics_path": "/metrics",
                 "static_configs": [{"targets": [t["target"]], "labels": t["labels"]} for t in rows],
             })  # fmt: skip
+            if job == "d3-node":  # the textfile's d3_instance_image_info keeps its own instance (the d3 instance's name)
+                jobs[-1]["honor_labels"] = True
     config = {
         "global": {"scrape_interval": opts["scrape_interval"], "evaluation_interval": opts["evaluation_interval"]},
         "rule_files": [opts["rules_file"]],

@@ -95,3 +95,34 @@ def test_plan_refuses_each_bad_input(tmp_path: Path) -> None:
     assert "failed=0" in good
     assert 'l4-bad-image: d3_image_name = "vllm/vllm-openai:nightly" is not a fully qualified image reference' in out
     assert "failed=1" in out.split("l4-bad-image : ", 1)[1].split("ignored=")[0]
+
+
+def test_a_host_with_three_mistakes_is_refused_with_all_three_and_its_plan_so_far(tmp_path: Path) -> None:
+    """Issue 26: every problem of every host in one run, memory in MiB with who uses what, the fix naming where the
+    flag goes, and the refused host's partial plan."""
+    three = [
+        {"model": "d3-ultra"},  # 1. no such model
+        {"model": "d3-flash", "gpus": [0]},
+        {"model": "d3-mini", "gpus": [0]},  # 2. GPU 0 over its share cap beside d3-flash
+        {"model": "d3-edge", "port": 8100},
+        {"model": "d3-lite", "port": 8100},  # 3. the same port twice
+    ]
+    hosts = {"l4-three": {"d3_gpu_count": 2, "d3_models": three},
+             "l4-other": {"d3_gpu_count": 1, "d3_models": [{"model": "d3-mini", "extra_args": ["--max-model-len=131072"]}]}}  # fmt: skip
+    proc = run_plan(tmp_path, {}, "-e", "d3_min_concurrency=1", hosts=hosts)
+    assert proc.returncode != 0
+    out = " ".join(proc.stdout.split())
+    assert "host l4-three: d3_models[0]: unknown model 'd3-ultra'" in out
+    assert ("host l4-three: d3_models[2] (d3-mini): VRAM over budget on GPU 0: its share of 10365 MiB (--gpu-memory-utilization "
+            "0.45 x 23034 MiB) on top of d3-flash 20730 MiB (0.9) makes 31095 MiB") in out  # fmt: skip
+    assert "Fix: move d3_models[2] to another GPU (its `gpus:`) or host" in out
+    assert "host l4-three: d3_models[4] (d3-lite): port 8100 collides with instance d3-edge" in out
+    # the refused host's plan so far, in MiB and with the predicted KV cache
+    assert "plan so far (nothing is changed until every problem is fixed):" in out
+    assert "d3-flash: d3-flash on GPU 0, port 8000, needs 12993 MiB/GPU of its 20730 MiB share" in out
+    assert "GPU 0: 20730/23034 MiB in shares (d3-flash 20730 MiB)" in out
+    # the other host's own problem in the same run, with the flag's place
+    assert "host l4-other: d3_models[0] (d3-mini): d3-mini at TP 1 is refused by vLLM at startup" in out
+    assert "Fix: in d3_models[0].extra_args set --max-model-len=" in out
+    for host in hosts:
+        assert "failed=1" in out.split(f"{host} : ", 1)[1].split("ignored=")[0], host

@@ -1,0 +1,42 @@
+"""docs/capacity.md's table of predicted KV cache sizes and concurrencies is what tools/capacity_table.py prints from
+the planner today (regenerate: python tools/capacity_table.py --write)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_tool() -> Any:
+    spec = importlib.util.spec_from_file_location("capacity_table", ROOT / "tools" / "capacity_table.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_doc_table_is_the_planners() -> None:
+    tool = load_tool()
+    assert tool.in_doc(tool.DOC.read_text()) == tool.table(), "run: python tools/capacity_table.py --write"
+
+
+def test_every_size_and_variant_has_a_row_and_every_refused_cell_a_reason() -> None:
+    tool = load_tool()
+    lines = [line for line in tool.table().splitlines() if line.startswith("| d3")]
+    assert len(lines) == 10  # 6 sizes; the 27B's 5 variants
+    cells = [c.strip() for line in lines for c in line.strip("|").split("|")[4:]]
+    assert len(cells) == 30
+    for text in cells:
+        assert text.startswith("refused") or text.endswith("x"), text
+    assert "39,984 / 14.64x" in lines[5]  # the field report's recipe at 8192 (docs/capacity.md, measured point)
+
+
+def test_a_refusal_the_table_cannot_word_is_an_error() -> None:
+    tool = load_tool()
+    with pytest.raises(ValueError, match="no table wording"):
+        tool.cell({"errors": ["host x: something new. Fix: y"], "instances": []})

@@ -1,0 +1,172 @@
+# ruff: noqa: E501  (each figure is kept on one line, as docs/capacity.md derives it)
+"""kv_cache_figures: vLLM's startup memory, term by term, against numbers derived by hand from vLLM's source
+(docs/capacity.md): the hybrid KV cache spec (attention block size, page size, groups), the profile run's activation
+peak at max_num_batched_tokens, the KV pool the --gpu-memory-utilization share leaves, the two figures vLLM logs, and
+each refusal with vLLM's message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from d3_planner import GIB, MIB, kv_cache_figures
+
+L4 = 23034
+
+
+@pytest.fixture(scope="module")
+def arch(catalog_vars: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {model: entry["architecture"] for model, entry in catalog_vars["d3_catalog"].items()}
+
+
+def flags(max_len: int = 8192, util: float = 0.95, **more: Any) -> dict[str, Any]:
+    return {"--max-model-len": max_len, "--gpu-memory-utilization": util, "--enforce-eager": True, **more}
+
+
+def test_the_field_reports_recipe_27b_tp2_8192_at_095(arch: dict[str, Any]) -> None:
+    f = kv_cache_figures(arch["d3"], flags(**{"--quantization": "fp8"}), L4, 2, weights_mib=2 * 13312)
+    # attention: 2 (K, V) x 4/2 KV heads x 256 x 2 bytes = 2048 B per token; GDN: conv (4-1) x (2x16x128 + 48x128)/2
+    # x 2 bytes = 30720 B + temporal 48/2 x 128 x 128 x 4 bytes (float32) = 1572864 B
+    assert f["mamba_page_bytes"] == 30720 + 1572864 == 1603584
+    # the smallest multiple of 16 tokens whose attention page holds a GDN state: 16 x cdiv(1603584, 16 x 2048) = 784
+    assert (f["block_size"], f["page_size_bytes"]) == (784, 784 * 2048)
+    # 16 full-attention and 48 GDN layers: groups of 16, one attention group and three GDN groups
+    assert (f["group_size"], f["kv_groups"]) == (16, 4)
+    # a pooling, multimodal model without chunked prefill profiles max(8192, 32768) tokens
+    assert f["max_num_batched_tokens"] == 32768
+    # per token per GPU: residual 2 x 5120 x 2 + MLP (gate_up 2 x 8704 x 2 + act 8704 x 2 + FP8 copies 8704 + 5120 + down 5120 x 2)
+    assert f["activation_bytes_per_token"] == 20480 + 34816 + 17408 + 8704 + 5120 + 10240 == 96768
+    assert f["activation_peak_mib"] == 32768 * 96768 // MIB == 3024
+    assert (f["weights_mib"], f["non_torch_mib"], f["encoder_probe_mib"]) == (13312, 512, 0)
+    assert f["non_kv_mib"] == 13312 + 3024 + 512
+    assert f["requested_mib"] == int(L4 * MIB * 0.95) // MIB == 21882
+    available = int(L4 * MIB * 0.95) - (13312 + 3024 + 512) * MIB
+    assert f["num_gpu_blocks"] == available // (784 * 2048) // 16 == 205
+    assert f["kv_pool_mib"] == 205 * 784 * 2048 * 16 // MIB == 5022
+    # vLLM's log lines: tokens = blocks // groups x block size; concurrency = blocks / (cdiv(8192, 784) + 3 GDN blocks)
+    assert f["gpu_kv_cache_tokens"] == 205 // 4 * 784 == 39984
+    assert f["max_concurrency"] == 205 / 14
+    assert f["sequence_mib"] == -(-16 * 784 * 2048 * 14 // MIB) == 343
+    assert f["estimated_max_model_len"] == 8192
+    assert f["refusal"] is None
+
+
+def test_qwen35_4b_gets_vllms_logged_528_token_block(arch: dict[str, Any]) -> None:
+    # vLLM issue #40696 (v0.19.1, Qwen3.5-4B): "Setting attention block size to 528 tokens"
+    f = kv_cache_figures(arch["d3-mini"], flags(32768, 0.45, **{"--quantization": "fp8"}), L4, 1, weights_mib=3815)
+    assert f["block_size"] == 528 and f["mamba_page_bytes"] == 3 * 8192 * 2 + 32 * 128 * 128 * 4
+    assert (f["group_size"], f["kv_groups"]) == (8, 4)
+    assert f["activation_bytes_per_token"] == 82432
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "block", "groups", "group_size"),
+    [("d3", 1, 784, 4, 16), ("d3", 2, 784, 4, 16), ("d3-flash", 1, 528, 4, 8), ("d3-mini", 1, 528, 4, 8), ("d3-nano", 1, 544, 4, 6),
+     ("d3-lite", 1, 544, 4, 6), ("d3-edge", 1, 544, 4, 3)],
+)  # fmt: skip
+def test_kv_spec_of_every_size(arch: dict[str, Any], model: str, tp: int, block: int, groups: int, group_size: int) -> None:
+    f = kv_cache_figures(arch[model], flags(), L4, tp)
+    assert (f["block_size"], f["kv_groups"], f["group_size"]) == (block, groups, group_size)
+
+
+def test_layer_counts_close_together_group_by_the_larger() -> None:
+    # 6 full and 8 GDN layers (8 < 1.5 x 6): one group each of 8 layers, the full one padded
+    text = {"num_hidden_layers": 14, "full_attention_interval": 2, "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 1, "linear_num_value_heads": 1, "linear_key_head_dim": 32,
+            "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32", "dtype": "bfloat16"}  # fmt: skip
+    f = kv_cache_figures({"text": text}, flags(64, 0.5), 10000, 1)
+    assert (f["group_size"], f["kv_groups"]) == (7, 2)
+    text = {**text, "num_hidden_layers": 20, "full_attention_interval": 4}  # 5 full, 15 GDN: 15 >= 1.5 x 5
+    assert kv_cache_figures({"text": text}, flags(64, 0.5), 10000, 1)["group_size"] == 5
+
+
+def test_batched_tokens_chunked_prefill_and_the_encoder_probe(arch: dict[str, Any]) -> None:
+    base = kv_cache_figures(arch["d3-edge"], flags(65536, 0.25), L4, 1, weights_mib=572)
+    assert base["max_num_batched_tokens"] == 65536  # max_model_len above the pooling default
+    chunked = kv_cache_figures(arch["d3-edge"], flags(65536, 0.25, **{"--enable-chunked-prefill": True}), L4, 1, weights_mib=572)
+    assert chunked["max_num_batched_tokens"] == 32768 and chunked["refusal"] is None
+    given = kv_cache_figures(arch["d3-edge"], flags(8192, 0.25, **{"--max-num-batched-tokens": 8192}), L4, 1, weights_mib=572)
+    assert given["max_num_batched_tokens"] == 8192 and given["activation_peak_mib"] == -(-8192 * 38912 // MIB)  # bf16 activations: 39936 - 1024
+    short = kv_cache_figures(arch["d3-edge"], flags(8192, 0.25, **{"--max-num-batched-tokens": 8191}), L4, 1)
+    assert short["refusal"] == {"kind": "batched_tokens", "message": "max_num_batched_tokens (8191) is smaller than max_model_len (8192)"}
+    assert kv_cache_figures(arch["d3-edge"], flags(8192, 0.25, **{"--max-num-batched-tokens": 100, "--enable-chunked-prefill": True}),
+                            L4, 1)["refusal"] is None  # fmt: skip
+    graphs = kv_cache_figures(arch["d3-edge"], flags(8192, 0.95, **{"--enforce-eager": False}), L4, 1, weights_mib=572)
+    assert graphs["encoder_probe_mib"] == -(-round(18.4 * GIB) // MIB) == 18842
+    assert kv_cache_figures(arch["d3-edge"], {"--max-model-len": 8192, "--gpu-memory-utilization": 0.95}, L4, 1)["encoder_probe_mib"] == 0
+
+
+def test_fp8_activations_follow_the_quantization_unless_told(arch: dict[str, Any]) -> None:
+    plain = kv_cache_figures(arch["d3"], flags(), L4, 2)["activation_bytes_per_token"]
+    online = kv_cache_figures(arch["d3"], flags(**{"--quantization": "fp8"}), L4, 2)["activation_bytes_per_token"]
+    w8a8 = kv_cache_figures(arch["d3"], flags(fp8_activations=True), L4, 2)["activation_bytes_per_token"]
+    told_not = kv_cache_figures(arch["d3"], flags(fp8_activations=False, **{"--quantization": "fp8"}), L4, 2)["activation_bytes_per_token"]
+    assert online == w8a8 == plain + 8704 + 5120 and told_not == plain
+
+
+def test_each_layer_kind_can_set_the_peak() -> None:
+    """The largest transient of the MLP, the GDN mixer and the attention layer sets the peak (plus the residual)."""
+    base = {"num_hidden_layers": 4, "full_attention_interval": 4, "hidden_size": 100, "intermediate_size": 100, "num_attention_heads": 1,
+            "num_key_value_heads": 1, "head_dim": 8, "linear_num_key_heads": 1, "linear_num_value_heads": 1, "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32", "dtype": "bfloat16"}  # fmt: skip
+    per = lambda text: kv_cache_figures({"text": text}, flags(64, 0.5), 10000, 1)["activation_bytes_per_token"]  # noqa: E731
+    # MLP: (200 + 100) x 2 + 100 x 2 = 800; GDN: (32 + 24 + 8 + 100) x 2 = 328; attention: (24 + 16 + 100) x 2 = 280
+    assert per(base) == 400 + 800
+    # a wide GDN: key dim 8 x 64 = 512, value dim 8 x 64: (2048 + 1536 + 512 + 100) x 2 = 8392
+    assert per({**base, "linear_num_key_heads": 64, "linear_num_value_heads": 64}) == 400 + 8392
+    # a wide attention: 64 heads x 8: (3 x 512 + 2 x 8 + 100) x 2 = 3304
+    assert per({**base, "num_attention_heads": 64}) == 400 + 3304
+
+
+def test_tensor_parallel_splits_heads_but_keeps_one_kv_head(arch: dict[str, Any]) -> None:
+    f8 = kv_cache_figures(arch["d3"], flags(), L4, 8)
+    # 4 KV heads over 8 GPUs: one each (vLLM replicates), so 512 B per token; GDN: 48/8 value heads
+    assert f8["mamba_page_bytes"] == 3 * (10240 // 8) * 2 + 6 * 128 * 128 * 4
+    assert f8["page_size_bytes"] == f8["block_size"] * 2 * 1 * 256 * 2
+
+
+@pytest.mark.parametrize(
+    ("model", "max_len", "util", "tp", "weights", "kind", "message"),
+    [
+        ("d3", 8192, 0.95, 1, 26627, "profile_oom", "torch.OutOfMemoryError: CUDA out of memory"),
+        ("d3-flash", 8192, 0.3, 1, 8583, "no_kv_memory",
+         "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."),
+        ("d3", 32768, 0.95, 1, 15450, "max_seq_len",
+         "To serve at least one request with the models's max seq len (32768), (2.15 GiB KV cache is needed, which is larger than the "
+         "available KV cache memory (1.66 GiB). Based on the available memory, the estimated maximum model length is 24304. Try increasing "
+         "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."),
+    ],
+)  # fmt: skip
+def test_refusals_carry_vllms_messages(arch: dict[str, Any], model: str, max_len: int, util: float, tp: int, weights: int,
+                                       kind: str, message: str) -> None:  # fmt: skip
+    f = kv_cache_figures(arch[model], flags(max_len, util), L4, tp, weights_mib=weights)
+    assert f["refusal"] == {"kind": kind, "message": message}
+
+
+def test_the_boundaries_of_each_refusal(arch: dict[str, Any]) -> None:
+    edge = arch["d3-edge"]
+    need = kv_cache_figures(edge, flags(8192, 0.25), L4, 1, weights_mib=572)["non_kv_mib"]
+    # the profile run fits exactly what the GPU holds beside the CUDA context, not a MiB more
+    assert kv_cache_figures(edge, flags(8192, 0.25), need + 512, 1, weights_mib=572)["refusal"]["kind"] == "no_kv_memory"
+    assert kv_cache_figures(edge, flags(8192, 0.25), need + 511, 1, weights_mib=572)["refusal"]["kind"] == "profile_oom"
+    assert kv_cache_figures(edge, flags(8192, 0.25), need + 1, 1, weights_mib=572, cuda_context_mib=1)["refusal"]["kind"] == "no_kv_memory"
+    # a share exactly the non-KV need leaves nothing; one sequence's worth more starts with a concurrency of 1
+    exact = kv_cache_figures(edge, flags(8192, need / 10000), 10000, 1, weights_mib=572, cuda_context_mib=0)
+    assert exact["refusal"]["kind"] == "no_kv_memory" and exact["num_gpu_blocks"] == 0
+    one = kv_cache_figures(edge, flags(8192, 0.25), L4, 1, weights_mib=572)
+    seq = one["sequence_mib"]
+    fits = kv_cache_figures(edge, flags(8192, (need + seq) / 10000), 10000, 1, weights_mib=572)
+    assert fits["refusal"] is None and fits["max_concurrency"] >= 1
+    short = kv_cache_figures(edge, flags(8192, (need + seq - 1) / 10000), 10000, 1, weights_mib=572)
+    assert short["refusal"]["kind"] == "max_seq_len" and short["estimated_max_model_len"] < 8192
+    assert "the estimated maximum model length is" in short["refusal"]["message"]
+    # so little KV memory that not even one block per group is left: no estimate in the message
+    tiny = kv_cache_figures(edge, flags(8192, (need + 1) / 10000), 10000, 1, weights_mib=572)
+    assert tiny["estimated_max_model_len"] == 0 and "Based on" not in tiny["refusal"]["message"]
+    assert tiny["refusal"]["message"].startswith("To serve at least one request with the models's max seq len (8192), (")
+
+
+def test_non_torch_and_weights_split_over_tp(arch: dict[str, Any]) -> None:
+    f = kv_cache_figures(arch["d3"], flags(), L4, 2, weights_mib=101, non_torch_mib=7)
+    assert (f["weights_mib"], f["non_torch_mib"]) == (51, 7)
+    assert f["non_kv_mib"] == 51 + f["activation_peak_mib"] + 7

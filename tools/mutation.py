@@ -140,8 +140,6 @@ def stage(tests: list[str]) -> None:
     shutil.copytree(ROOT / "docs", STAGE / "docs")  # test_metrics checks the runbook has each alert's entry
     # the lab's vLLM simulator: test_bench_simulator runs the bench against it
     shutil.copytree(ROOT / "lab/simulator", STAGE / "lab/simulator", ignore=shutil.ignore_patterns("__pycache__"))
-    # the docs some unit tests compare with (test_metrics: the runbook's entries)
-    shutil.copytree(ROOT / "docs", STAGE / "docs")
     args = ", ".join(json.dumps(a) for a in ["-m", "not lab and not playbook", "-p", "no:cacheprovider", "-W", "ignore"])
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"

@@ -312,3 +312,53 @@ def test_the_filter_defaults_are_the_role_s() -> None:
     for key, value in DEFAULTS.items():
         if key != "router_metrics_port":  # the router role's d3_router_metrics_port
             assert defaults[f"d3_metrics_{key}"] == value, key
+
+
+def test_each_alert_s_severity_duration_and_group(fleet: dict[str, Any]) -> None:
+    out = metrics_rules(scrape(fleet)["models"])
+    assert out["rules"]["groups"][0]["name"] == "d3-fleet"
+    table = {(r["alert"], r["labels"]["severity"], r["for"]) for r in out["rules"]["groups"][0]["rules"]}
+    assert table == {
+        ("D3InstanceDown", "critical", "1m"), ("D3KvCacheHigh", "warning", "10m"), ("D3QueueTimeHigh", "warning", "5m"),
+        ("D3RouterErrors", "critical", "5m"), ("D3GpuErrors", "critical", "0m"), ("D3InstanceDigestDrift", "warning", "30m"),
+        ("D3RolloutStale", "warning", "0m"), ("D3ModelReplicasMissing", "critical", "5m"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "ok"),
+    [({"slo_queue_ms": 1}, True), ({"slo_queue_ms": 10**7 + 1}, False), ({"node_exporter_port": 1}, True),
+     ({"node_exporter_port": 65536}, False), ({"alertmanager": "host:1"}, True), ({"alertmanager": "host:65536"}, False),
+     ({"alertmanager": "HOST.Example:9093"}, True), ({"alertmanager": "[2001:DB8::1]:9093"}, True),
+     ({"alertmanager": "h\n:9093"}, False), ({"router_metrics_port": 65535}, True)],
+)  # fmt: skip
+def test_option_bounds(fleet: dict[str, Any], options: dict[str, Any], ok: bool) -> None:
+    assert (metrics_scrape(fleet, "router1", ROUTERS, options=options)["errors"] == []) is ok
+
+
+def test_every_bad_option_is_named_not_only_the_first(fleet: dict[str, Any]) -> None:
+    errors = metrics_scrape(fleet, "router1", ROUTERS, options={"b_unknown": 1, "a_unknown": 2, "scrape_interval": "x"})["errors"]
+    assert [e.split(" (known")[0] for e in errors] == [
+        "d3_metrics options: unknown option 'a_unknown'", "d3_metrics options: unknown option 'b_unknown'",
+        "d3_metrics_scrape_interval = 'x' is not a Prometheus duration (a whole number and ms, s, m, h, d, w or y: 30s, 5m). "
+        "Fix the inventory."]  # fmt: skip
+    assert errors[0].endswith(f"(known: {', '.join(sorted(DEFAULTS))})")
+    errors = metrics_scrape(fleet, "router1", {"r1": {"metrics_port": 0}, "r2": {"metrics_port": 0}})["errors"]
+    assert len(errors) == 2
+    errors = metrics_rules([{"served_name": "a\n", "backend": "be"}, {"served_name": "b\n", "backend": "be"}])["errors"]
+    assert len(errors) == 2
+    errors = metrics_alertmanager([{"name": "a b", "url": "http://a/"}, {"name": "c", "url": "ftp://c/"}])["errors"]
+    assert len(errors) == 2
+    out = metrics_alertmanager([])
+    assert out["errors"] == ["d3_metrics_webhooks = []: give at least one {name, url} (an http(s) URL that receives "
+                             "Alertmanager's webhook). Fix the inventory."]  # fmt: skip
+    assert out["config"]["route"]["receiver"] == "none" and out["config"]["receivers"] == [{"name": "none"}]
+
+
+def test_a_monitor_address_from_ansible_host_or_the_name(fleet: dict[str, Any]) -> None:
+    fleet["l4-a"]["backend_address"] = ""
+    fleet["l4-a"]["ansible_host"] = "L4-A.example"
+    targets = metrics_scrape(fleet, "router1", ROUTERS)["targets"]
+    assert ("d3-node", "L4-A.example:9100") in [(t["job"], t["target"]) for t in targets]
+    out = metrics_scrape(fleet, "router1", {"router2": {"ansible_host": ""}})
+    assert ("d3-router", "router2:8405") in [(t["job"], t["target"]) for t in out["targets"]]

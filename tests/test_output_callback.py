@@ -25,6 +25,8 @@ def test_message_lines_prints_tables_whole() -> None:
     assert message_lines(("x\ny",)) == ["x", "y"]
     assert message_lines({"k": "é"}) == ['{"k": "é"}']
     assert message_lines(3) == ["3"]
+    assert message_lines(["t", [1, 2]]) == ["t", "[1, 2]"]
+    assert message_lines({"path": Path("/x")}) == ['{"path": "/x"}']
 
 
 def test_failure_message_is_the_tasks_own_words() -> None:
@@ -34,6 +36,7 @@ def test_failure_message_is_the_tasks_own_words() -> None:
         "non-zero return code: l2 / l3 / l4 (rc 2)")
     assert failure_message({"rc": 1, "stdout": "only out"}) == "only out (rc 1)"
     assert failure_message({"rc": 3}) == "rc 3"
+    assert failure_message({"stderr": "a\nb"}) == "a / b"
     assert failure_message({"msg": "kept", "stderr": "noise", "rc": 0}) == "kept"
     assert failure_message({"msg": "rc 5 said it", "rc": 5}) == "rc 5 said it"
     assert failure_message({}) == "failed without a message (-v shows the whole result)"
@@ -81,7 +84,7 @@ class Role:
         self.name = name
 
     def get_name(self, include_role_fqcn: bool = True) -> str:
-        return ("ns.col." if include_role_fqcn else "") + self.name
+        return ("" if include_role_fqcn is False else "ns.col.") + self.name
 
 
 class Task(Obj):
@@ -163,11 +166,16 @@ def test_rescued_only_inside_the_block_part_of_a_block_with_a_rescue() -> None:
     always_only.block = [lone]
     assert not rescued(lone) and not rescued(Task("no parent"))
     assert not rescued(Task("uuid None", parent=Obj(block=[Obj(_uuid=None)], rescue=[1], _parent=None)))
+    assert not rescued(object())  # no _parent
+    assert not rescued(Task("in an include", parent=Obj()))  # a parent without block, rescue or _parent
+    assert not rescued(Task("no block list", parent=Obj(rescue=[1])))
 
 
 def test_task_name_and_role() -> None:
     assert fleet.task_name(Task("  Write the unit ", role="d3_units")) == "Write the unit"
     assert fleet.task_name(Obj(name="", get_name=lambda: "command")) == "command"
+    assert fleet.task_name(Obj(get_name=lambda: " unnamed ")) == "unnamed"
+    assert fleet.role_of(object()) is None
     assert fleet.role_of(Task(role="d3_units")) == "d3_units"
     assert fleet.role_of(Task()) is None
 
@@ -264,10 +272,11 @@ def test_debug_loops_vars_and_handlers() -> None:
     cb.v2_playbook_on_play_start(PLAY)
     loop = Task("Report", action="debug")
     cb.v2_playbook_on_task_start(loop, False)
-    cb.v2_runner_on_ok(result("h", loop, results=[{"msg": "one"}, {"msg": "two"}, {"msg": "one"}]))
+    cb.v2_runner_on_ok(result("h", loop, results=[{"msg": "one"}, {"msg": "one"}, {"msg": "two"}]))
     var = Task("Show a var", action="ansible.legacy.debug")
     cb.v2_playbook_on_task_start(var, False)
-    cb.v2_runner_on_ok(result("h", var, **{"plan": ["a", "b"], "changed": False, "_ansible_no_log": False}))
+    cb.v2_runner_on_ok(result("h", var, **{"plan": ["a", "b"], "changed": False, "_ansible_no_log": False, "failed": False,
+                                           "item": 1, "ansible_loop_var": "item"}))
     handler = Task("Restart", role="d3_units")
     cb.v2_playbook_on_handler_task_start(handler)
     cb.v2_runner_on_ok(result("h", handler, changed=True))
@@ -309,10 +318,10 @@ def test_hosts_outside_the_play_order_come_last_and_a_skipped_only_host_prints_n
 
 def test_verbose_is_the_default_callback(monkeypatch: pytest.MonkeyPatch) -> None:
     """With -v every event goes to ansible.builtin.default, unchanged."""
-    seen: list[str] = []
+    seen: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
     events = [n for n in dir(CallbackModule) if n.startswith("v2_") and n in vars(CallbackModule)]
     for name in events:
-        monkeypatch.setattr(fleet.DefaultCallback, name, lambda self, *a, _n=name, **k: seen.append(_n), raising=False)
+        monkeypatch.setattr(fleet.DefaultCallback, name, lambda self, *a, _n=name, **k: seen.append((_n, a, k)), raising=False)
     cb, display = callback(verbosity=1)
     t = Task("x")
     args = {"v2_playbook_on_play_start": (PLAY,), "v2_playbook_on_task_start": (t, False),
@@ -320,9 +329,11 @@ def test_verbose_is_the_default_callback(monkeypatch: pytest.MonkeyPatch) -> Non
             "v2_runner_on_failed": (result("h", t, msg="m"), False), "v2_playbook_on_notify": (t, Host("h")),
             "v2_playbook_on_no_hosts_remaining": (), "v2_playbook_on_stats": (Obj(processed={}),),
             "v2_playbook_on_include": (Obj(),)}  # fmt: skip
+    given = {}
     for name in events:
-        getattr(cb, name)(*args.get(name, (result("h", t),)))
-    assert seen == events and display.lines == []
+        given[name] = args.get(name, (result("h", t),))
+        getattr(cb, name)(*given[name])
+    assert seen == [(name, given[name], {}) for name in events] and display.lines == []
 
 
 def test_quiet_events_print_nothing_without_v() -> None:
@@ -382,6 +393,36 @@ def test_inside_ansible(tmp_path: Path) -> None:
         ["a", "A", "play"], ["b", "A", "play"]]
     assert "HIDDEN-RESCUED" not in quiet.stdout + quiet.stderr and "TASK [" not in quiet.stdout
     assert len(lines) == 9, quiet.stdout
+    assert "Origin:" not in quiet.stderr and "[ERROR]" not in quiet.stderr, quiet.stderr  # no second copy of the error
     verbose = ansible_playbook(str(tmp_path / "play.yml"), "-i", str(tmp_path / "hosts.yml"), "-v",
                                ANSIBLE_STDOUT_CALLBACK="d3fleet.fleet.fleet")  # fmt: skip
     assert "TASK [Fail inside the block]" in verbose.stdout and "HIDDEN-RESCUED" in verbose.stdout
+
+
+@pytest.mark.parametrize("handler", [False, True])
+def test_a_step_starts_when_its_first_task_starts(handler: bool) -> None:
+    cb, display = callback()
+    cb._clock = iter([10.0, 20.0, 50.0, 90.0]).__next__
+    cb.v2_playbook_on_play_start(PLAY)
+    task = Task("Restart", role="d3_units")
+    (cb.v2_playbook_on_handler_task_start(task) if handler else cb.v2_playbook_on_task_start(task, False))
+    cb.v2_runner_on_ok(result("h", task))
+    cb.v2_playbook_on_no_hosts_remaining()
+    assert display.text()[1:] == [phase_line("h", "d3_units", {"ok": 1}, 10.0, (1, 16)), "no hosts left: the play stops"]
+    assert display.lines[-1][1] == fleet.C.COLOR_ERROR
+
+
+def test_before_any_play_the_real_clock_and_an_unreachable_only_step() -> None:
+    cb = CallbackModule()
+    display = Display()
+    cb._display = display
+    task = Task("x")
+    cb.v2_playbook_on_task_start(task, False)
+    cb.v2_runner_on_ok(result("h", task))
+    cb.v2_playbook_on_stats(Obj(processed={}, summarize=dict))
+    assert display.text() == [phase_line("h", "tasks", {"ok": 1}, 0.0, (1, 16)), "RECAP"]
+    cb, display = callback()
+    cb.v2_playbook_on_play_start(PLAY)
+    cb.v2_runner_on_unreachable(result("h", Obj(ignore_unreachable=True, _role=None)))
+    cb.v2_playbook_on_stats(Obj(processed={}, summarize=dict))
+    assert display.lines[1] == (phase_line("h", "Converge", {"unreachable": 1}, 1.5, (1, 16)), fleet.C.COLOR_ERROR, False)

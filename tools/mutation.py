@@ -45,7 +45,9 @@ COLLECTION = ROOT / "collections/ansible_collections/d3fleet/fleet/plugins"
 MODULES = COLLECTION / "modules"
 UTILS = COLLECTION / "module_utils"
 UTILS_PATH = Path("ansible_collections/d3fleet/fleet/plugins/module_utils")  # where the module_utils are imported from
-ALL_SOURCES = sorted((COLLECTION / "filter").glob("*.py")) + sorted(MODULES.glob("*.py")) + sorted(UTILS.glob("*.py"))
+# the callbacks flat too (``import fleet``: tests/test_output_callback.py puts plugins/callback on sys.path)
+ALL_SOURCES = (sorted((COLLECTION / "filter").glob("*.py")) + sorted(MODULES.glob("*.py")) + sorted(UTILS.glob("*.py"))
+               + sorted((COLLECTION / "callback").glob("*.py")))
 SOURCES = list(ALL_SOURCES)
 MIN_SCORE = 90.0
 KILLED = {"killed", "timeout", "caught by type check"}
@@ -125,7 +127,7 @@ def stage(tests: list[str]) -> None:
     # the package path's directories exist (namespace packages), empty but for the module_utils left out by --only:
     # the tests' own sys.path entries for plugins/filter and plugins/modules find nothing there and import the
     # staged src/ (mutated) or lib/ copies
-    for kind in ("filter", "modules", "module_utils"):
+    for kind in ("filter", "modules", "module_utils", "callback"):
         (STAGE / "collections" / UTILS_PATH.parent / kind).mkdir(parents=True)
     for path in SOURCES:
         (STAGE / "src" / staged(path)).parent.mkdir(parents=True, exist_ok=True)

@@ -212,7 +212,6 @@ class CallbackModule(DefaultCallback):
         if self._verbose():
             return super().v2_playbook_on_play_start(play)
         self._end_play()
-        self._play = play
         self._play_name = play.get_name().strip()
         self._play_hosts = []
         self._display.display(f"PLAY {self._play_name}" + (" [CHECK MODE]" if play.check_mode else ""))
@@ -264,7 +263,6 @@ class CallbackModule(DefaultCallback):
         if self._verbose():
             return super().v2_runner_on_failed(result, ignore_errors)
         res = result.result
-        res.pop("exception", None)  # the traceback and source excerpt: -v
         self._handle_warnings(res)
         if ignore_errors:
             self._count(result, "ignored")

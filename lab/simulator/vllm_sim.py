@@ -852,11 +852,16 @@ def answer(state: Any, qid: str, q: dict[str, Any], instructions: str = "",
             "confidence": max(probs) * LABEL_MASS}
 
 
+def prompt_tokens(body: dict[str, Any], questions: dict[str, Any]) -> int:
+    """Simulated prompt length: 4/3 tokens per word of the state and the questions."""
+    return len(re.findall(r"\S+", state_text(body["state"]) + json.dumps(questions))) * 4 // 3
+
+
 def decide(body: dict[str, Any], model: str, questions: dict[str, Any],
            profile: SizeProfile | None = None) -> dict[str, Any]:
     instr = body.get("instructions") or ""
     answers = {qid: answer(body["state"], qid, q, instr, profile) for qid, q in questions.items()}
-    prompt_tokens = len(re.findall(r"\S+", state_text(body["state"]) + json.dumps(questions))) * 4 // 3
+    n_prompt = prompt_tokens(body, questions)
     return {
         "id": "sd-" + uuid.uuid4().hex,
         "object": "structured_decision",
@@ -864,7 +869,7 @@ def decide(body: dict[str, Any], model: str, questions: dict[str, Any],
         "model": model,
         "answers": answers,
         # vLLM StructuredDecisionResponse: usage {input_tokens, output_tokens}, diagnostics per question
-        "usage": {"input_tokens": prompt_tokens, "output_tokens": len(questions)},
+        "usage": {"input_tokens": n_prompt, "output_tokens": len(questions)},
         "diagnostics": {qid: {"label_mass": LABEL_MASS, "argmax_is_label": True} for qid in questions},
     }
 
@@ -903,20 +908,94 @@ class SizeProfile:
 
 
 @contextlib.contextmanager
-def engine_slot(st: State) -> Any:
-    """Hold one of the engine's max_num_seqs slots (a request queues while all are taken) and count it running."""
+def engine_slot(st: State, tokens: int = 0) -> Any:
+    """Hold one of the engine's max_num_seqs slots for a sequence of `tokens` tokens: counted waiting while all slots
+    are taken, then running, its KV blocks in use meanwhile; the time it waited goes to the queue-time histogram."""
     if st.slots is None:
         with st.lock:
             if st.slots is None:
                 st.slots = threading.BoundedSemaphore(max(1, st.max_num_seqs))
-    with st.slots:
+    blocks = -(-tokens // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+    queued = time.monotonic()
+    with st.lock:
+        st.waiting += 1
+    try:
+        st.slots.acquire()
+    finally:
+        with st.lock:
+            st.waiting -= 1
+    try:
         with st.lock:
             st.running += 1
-        try:
-            yield
-        finally:
-            with st.lock:
-                st.running -= 1
+            st.kv_tokens_used += blocks
+            st.observe("vllm:request_queue_time_seconds", time.monotonic() - queued)
+        yield
+    finally:
+        with st.lock:
+            st.running -= 1
+            st.kv_tokens_used -= blocks
+        st.slots.release()
+
+
+# --------------------------------------------------------------------------------------------- metrics
+# vLLM's Prometheus metrics (vllm-project/vllm vllm/v1/metrics/loggers.py, PrometheusStatLogger, commit 005a810b;
+# contract tests/contracts/metrics/names.yml, help texts quoted from the same file): labels model_name (the first
+# served name) and engine ("0"), request_success also finished_reason. Exposition as prometheus_client writes it:
+# a counter's TYPE line names it without the suffix and its sample ends in _total; a histogram has cumulative
+# _bucket{le=...} samples, _count, _sum. (prometheus_client's _created samples are not written: no alert reads them.)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+GAUGES = (("vllm:num_requests_running", "Number of requests in model execution batches."),
+          ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+          ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."))
+COUNTERS = (("vllm:prompt_tokens", "Number of prefill tokens processed."),
+            ("vllm:generation_tokens", "Number of generation tokens processed."),
+            ("vllm:request_success", "Count of successfully processed requests."))
+HISTOGRAMS = (("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+              ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."))
+FINISH_REASONS = ("stop", "length", "abort")  # vllm/v1/engine/__init__.py FINISH_REASON_STRINGS (that commit)
+# STAND-IN: KV blocks of 16 tokens (vLLM's default --block-size on CUDA); a running sequence holds its prompt and
+# output tokens rounded up to whole blocks, and kv_cache_usage_perc = tokens in held blocks / GPU KV cache size.
+KV_BLOCK_TOKENS = 16
+
+
+def go_float(x: float) -> str:
+    """prometheus_client's floatToGoString for the values written here."""
+    return "+Inf" if x == math.inf else repr(float(x))
+
+
+def render_metrics(st: State) -> str:
+    """/metrics in Prometheus text format, vLLM's names, types, help and labels."""
+    name = st.args.served_model_name[0].replace("\\", "\\\\").replace('"', '\\"')
+    lab = f'model_name="{name}",engine="0"'
+    with st.lock:
+        kv_total = st.plan.kv_tokens if st.plan is not None else 0
+        gauges = {"vllm:num_requests_running": st.running, "vllm:num_requests_waiting": st.waiting,
+                  "vllm:kv_cache_usage_perc": st.kv_tokens_used / kv_total if kv_total > 0 else 0.0}
+        counters = {"vllm:prompt_tokens": st.counters.get("prompt_tokens", 0),
+                    "vllm:generation_tokens": st.counters.get("questions", 0)}  # one output token per question
+        success = {r: st.counters.get(f"finished_{r}", 0) for r in FINISH_REASONS}
+        hists = {h: (list(st.hist.get(h, ([0] * len(REQUEST_LATENCY_BUCKETS), 0.0, 0))[0]),
+                     *st.hist.get(h, (None, 0.0, 0))[1:]) for h, _ in HISTOGRAMS}
+    out: list[str] = []
+    for metric, helptext in GAUGES:
+        out += [f"# HELP {metric} {helptext}", f"# TYPE {metric} gauge", f"{metric}{{{lab}}} {go_float(gauges[metric])}"]
+    for metric, helptext in COUNTERS:
+        out += [f"# HELP {metric} {helptext}", f"# TYPE {metric} counter"]
+        if metric == "vllm:request_success":
+            out += [f'{metric}_total{{{lab},finished_reason="{r}"}} {go_float(n)}' for r, n in success.items()]
+        else:
+            out.append(f"{metric}_total{{{lab}}} {go_float(counters[metric])}")
+    for metric, helptext in HISTOGRAMS:
+        buckets, total, count = hists[metric]
+        out += [f"# HELP {metric} {helptext}", f"# TYPE {metric} histogram"]
+        acc = 0
+        for le, n in zip(REQUEST_LATENCY_BUCKETS, buckets, strict=True):
+            acc += n
+            out.append(f'{metric}_bucket{{{lab},le="{go_float(le)}"}} {go_float(acc)}')
+        out += [f'{metric}_bucket{{{lab},le="+Inf"}} {go_float(count)}', f"{metric}_count{{{lab}}} {go_float(count)}",
+                f"{metric}_sum{{{lab}}} {go_float(total)}"]
+    return "\n".join(out) + "\n"
 
 
 # --------------------------------------------------------------------------------------------- server
@@ -934,6 +1013,9 @@ class State:
     max_num_seqs: int = 8
     batch_slowdown: float = 0.3
     running: int = 0
+    waiting: int = 0
+    kv_tokens_used: int = 0  # tokens in the KV blocks the running sequences hold
+    hist: dict[str, tuple[list[int], float, int]] = field(default_factory=dict)  # per-bucket counts, sum, count
     slots: threading.BoundedSemaphore | None = None
     # uvicorn's timeout_keep_alive, which vLLM sets from VLLM_HTTP_TIMEOUT_KEEP_ALIVE (vllm/envs.py, default 5)
     keep_alive_s: float = 5.0
@@ -949,6 +1031,14 @@ class State:
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
             self.counters[key] = self.counters.get(key, 0) + n
+
+    def observe(self, metric: str, seconds: float) -> None:
+        """One observation of a request-latency histogram (called with the lock held)."""
+        buckets, total, count = self.hist.get(metric, ([0] * len(REQUEST_LATENCY_BUCKETS), 0.0, 0))
+        i = next((k for k, le in enumerate(REQUEST_LATENCY_BUCKETS) if seconds <= le), None)
+        if i is not None:
+            buckets[i] += 1
+        self.hist[metric] = (buckets, total + seconds, count + 1)
 
 
 class SimHTTPServer(ThreadingHTTPServer):
@@ -1041,6 +1131,7 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
                 return
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
+            arrived = time.monotonic()
             st.count("requests")
             try:
                 if st.engine_dead:
@@ -1054,7 +1145,8 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
                 if st.args.kv_cache_dtype.startswith("fp8"):
                     self.fp8_crash()
                     return
-                with engine_slot(st):
+                n_prompt = prompt_tokens(body, questions)
+                with engine_slot(st, n_prompt + len(questions)):
                     time.sleep(st.service_time_s(len(questions)))
                 result = decide(body, model, questions, st.profile)
             except ApiError as err:
@@ -1063,7 +1155,11 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
                 return
             st.count("status_200")
             st.count("questions", len(questions))
-            st.count("prompt_tokens", result["usage"]["input_tokens"])
+            st.count("prompt_tokens", n_prompt)
+            # UNCONFIRMED: which finish reason vLLM's structured decisions report (one token per question: "length")
+            st.count("finished_length")
+            with st.lock:
+                st.observe("vllm:e2e_request_latency_seconds", time.monotonic() - arrived)
             self.send_json(200, result)
 
         def fp8_crash(self) -> None:
@@ -1081,24 +1177,7 @@ def make_handler(st: State) -> type[BaseHTTPRequestHandler]:
             threading.Timer(0.3, lambda: os._exit(1)).start()
 
         def metrics(self) -> str:
-            c = dict(st.counters)
-            name = st.args.served_model_name[0]
-            lines = []
-            for metric, kind, helptext, value in (
-                ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", 0),
-                ("vllm:request_success_total", "counter", "Count of successfully processed requests.",
-                 c.get("status_200", 0)),
-                ("vllm:request_failure_total", "counter", "Count of failed requests (simulator).",
-                 c.get("requests", 0) - c.get("status_200", 0)),
-                ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-                 c.get("prompt_tokens", 0)),
-                ("vllm:decision_questions_total", "counter", "Number of decision questions answered (simulator).",
-                 c.get("questions", 0)),
-                ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", 0.0),
-            ):
-                lines += [f"# HELP {metric} {helptext}", f"# TYPE {metric} {kind}",
-                          f'{metric}{{model_name="{name}"}} {value}']
-            return "\n".join(lines) + "\n"
+            return render_metrics(st)
 
     return Handler
 

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -293,3 +294,99 @@ def test_no_keep_alive_timer_before_the_first_request(sim: ModuleType) -> None:
             assert sock.recv(64).startswith(b"HTTP/1.1 200")
     finally:
         s.close()
+
+
+METRICS = yaml.safe_load((HERE / "metrics/names.yml").read_text())["vllm"]
+
+
+def parse_metrics(text: str) -> tuple[dict[str, tuple[str, str]], dict[tuple[str, frozenset[tuple[str, str]]], float]]:
+    """Prometheus text format -> ({family: (type, help)}, {(sample name, labels): value})."""
+    import re
+    meta: dict[str, list[str]] = {}
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for line in text.splitlines():
+        if m := re.fullmatch(r"# (HELP|TYPE) (\S+) (.*)", line):
+            meta.setdefault(m.group(2), ["", ""])[m.group(1) == "HELP"] = m.group(3)
+        elif line:
+            m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)', line)
+            assert m, line
+            labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+            samples[(m.group(1), labels)] = float(m.group(3))
+    return {k: (v[0], v[1]) for k, v in meta.items()}, samples
+
+
+def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **extra: str) -> float:
+    return samples[(name, frozenset({("model_name", SERVED), ("engine", "0"), *extra.items()}))]
+
+
+def test_metrics_have_vllms_names_types_and_labels(server: Server) -> None:
+    """Every vLLM metric of the contract (tests/contracts/metrics/names.yml), exposed as prometheus_client writes it:
+    the TYPE line names the family, a counter's sample ends in _total, a histogram has cumulative buckets with
+    vLLM's bounds, +Inf equal to _count; model_name and engine on every sample; no other vllm: series."""
+    status, data, ctype = server.call("GET", METRICS["path"])
+    assert status == 200 and ctype.startswith("text/plain")
+    families, samples = parse_metrics(data.decode())
+    for name, kind in METRICS["metrics"].items():
+        assert families[name][0] == kind, name
+        assert families[name][1], name  # a help text
+        if kind == "gauge":
+            assert metric(samples, name) >= 0
+        elif name == "vllm:request_success":
+            for reason in METRICS["finished_reasons"]:
+                assert metric(samples, f"{name}_total", finished_reason=reason) >= 0
+        elif kind == "counter":
+            assert metric(samples, f"{name}_total") >= 0
+        else:
+            les = [float(le) for (n, labels), _ in samples.items() if n == f"{name}_bucket"
+                   for k, le in labels if k == "le"]
+            assert les == [*METRICS["request_latency_buckets"], float("inf")], name
+            assert metric(samples, f"{name}_count") == metric(samples, f"{name}_bucket", le="+Inf")
+            assert metric(samples, f"{name}_sum") >= 0
+    assert {n for n, _ in samples if n.startswith("vllm:")} <= {
+        f"{n}{suffix}" for n in METRICS["metrics"] for suffix in ("", "_total", "_bucket", "_count", "_sum")}
+    assert "vllm:gpu_cache_usage_perc" not in families  # the deprecated twin
+    assert all(set(dict(labels)) >= set(METRICS["labels"]) for _, labels in samples)
+
+
+def test_metrics_move_with_concurrent_load_like_vllms_scheduler(sim: ModuleType) -> None:
+    """Five 0.6 s requests on an engine of two slots: two running, three waiting, KV blocks in use while they run;
+    afterwards nothing running or waiting, five successes, five queue and e2e observations, the prompt tokens."""
+    import time
+    s = Server(sim, None)
+    s.state.base_ms, s.state.batch_slowdown, s.state.max_num_seqs = 600.0, 0.0, 2
+    s.state.plan.kv_tokens = 1000
+    before = parse_metrics(s.call("GET", "/metrics")[1].decode())[1]
+    done: list[int] = []
+    threads = [threading.Thread(target=lambda: done.append(s.call("POST", "/v1/systemone", request_body())[0]))
+               for _ in range(5)]
+    try:
+        for t in threads:
+            t.start()
+        peak: dict[str, float] = {}
+        deadline = time.monotonic() + 10
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            now = parse_metrics(s.call("GET", "/metrics")[1].decode())[1]
+            for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+                peak[name] = max(peak.get(name, 0.0), metric(now, name))
+        for t in threads:
+            t.join(timeout=10)
+        after = parse_metrics(s.call("GET", "/metrics")[1].decode())[1]
+    finally:
+        s.close()
+    assert done == [200] * 5
+    assert peak["vllm:num_requests_running"] == 2
+    assert peak["vllm:num_requests_waiting"] == 3
+    n_prompt = sim.prompt_tokens(request_body(), REQUEST["questions"])
+    one_seq = -(-(n_prompt + len(REQUEST["questions"])) // 16) * 16 / 1000  # whole 16-token blocks of 1000
+    assert peak["vllm:kv_cache_usage_perc"] == pytest.approx(2 * one_seq)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert metric(before, name) == metric(after, name) == 0
+    assert metric(after, "vllm:request_success_total", finished_reason="length") == 5
+    assert metric(after, "vllm:prompt_tokens_total") == 5 * n_prompt
+    assert metric(after, "vllm:generation_tokens_total") == 5 * len(REQUEST["questions"])
+    e2e, queue = "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds"
+    assert metric(after, f"{e2e}_count") == metric(after, f"{queue}_count") == 5
+    assert metric(after, f"{e2e}_bucket", le="0.5") == 0  # every request took >= 0.6 s
+    assert metric(after, f"{queue}_bucket", le="0.3") == 2  # the first two did not wait, three waited a round or two
+    assert metric(after, f"{queue}_sum") >= 3 * 0.6 - 0.3
+    assert metric(after, f"{e2e}_sum") >= 5 * 0.6

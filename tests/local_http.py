@@ -3,6 +3,7 @@ free loopback port, shut down after the test module."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,9 +32,12 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve(handler: type[QuietHandler]) -> Iterator[str]:
-    """Serve handler on 127.0.0.1 (a free port) in a thread; yields the base URL."""
+def serve(handler: type[QuietHandler], tls: ssl.SSLContext | None = None) -> Iterator[str]:
+    """Serve handler on 127.0.0.1 (a free port) in a thread, behind TLS with ``tls``; yields the base URL (http://,
+    the caller says https)."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

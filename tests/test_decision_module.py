@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import ssl
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_post_sends_the_json_body_and_returns_the_answer(capsys: pytest.CaptureF
     assert (out["status"], out["changed"], out["elapsed_ms"]) == (200, False, 234.6)
     assert out["content"] == json.dumps(out["json"])
     assert out["invocation"]["module_args"] == {"url": f"{server}/v1/systemone", "method": "POST", "body": {"questions": {"q": 1}},
-                                                "api_key": None, "timeout": 120}
+                                                "api_key": None, "timeout": 120, "validate_certs": True}
 
 
 def test_get_sends_no_body(capsys: pytest.CaptureFixture[str], server: str) -> None:
@@ -103,14 +104,17 @@ def test_connection_failure_is_status_minus_one(capsys: pytest.CaptureFixture[st
 def test_timeout_is_passed_to_the_request(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def urlopen(request: Any, timeout: float) -> Any:
-        seen.update(url=request.full_url, timeout=timeout)
+    def urlopen(request: Any, timeout: float, context: Any = None) -> Any:
+        seen.update(url=request.full_url, timeout=timeout, context=context)
         raise OSError("timed out")
 
     monkeypatch.setattr(d3_http.urllib.request, "urlopen", urlopen)
     out = run(capsys, url="http://127.0.0.1:9/x", method="GET", timeout=3)
-    assert seen == {"url": "http://127.0.0.1:9/x", "timeout": 3}
+    # certificates checked by default (urllib's default context)
+    assert seen == {"url": "http://127.0.0.1:9/x", "timeout": 3, "context": None}
     assert (out["status"], out["content"]) == (-1, "timed out")
+    run(capsys, url="https://127.0.0.1:9/x", validate_certs=False)
+    assert seen["context"].verify_mode == ssl.CERT_NONE and seen["context"].check_hostname is False
 
 
 def test_argument_checks(capsys: pytest.CaptureFixture[str]) -> None:

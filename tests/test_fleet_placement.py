@@ -62,7 +62,9 @@ def test_spread_refuses_more_replicas_than_hosts_and_unspread_shares_a_host(plac
     ]
     result = place([{"model": "d3-mini", "replicas": 2, "spread": False}], {"only": {"gpus": 4}})
     assert result["errors"] == []
-    assert result["hosts"] == {"only": [{"model": "d3-mini", "name": "d3-mini-1"}, {"model": "d3-mini", "name": "d3-mini-2"}]}
+    # two instances (units) d3-mini-1, d3-mini-2, one model for clients and the router: both serve d3-mini
+    assert result["hosts"] == {"only": [{"model": "d3-mini", "name": "d3-mini-1", "served_name": "d3-mini"},
+                                        {"model": "d3-mini", "name": "d3-mini-2", "served_name": "d3-mini"}]}  # fmt: skip
 
 
 def test_hosts_and_label_constraints(place: Any) -> None:

@@ -236,3 +236,19 @@ def test_a_variant_that_is_not_a_string_is_refused_not_a_crash() -> None:
     """`variant: [fp8]` in YAML is a list: refused with the variants to choose from (it raised TypeError: unhashable)."""
     (error,) = plan([{"model": "multi", "variant": ["fp8"]}])["errors"]
     assert error.startswith("host h: d3_models[0] (multi): multi has no variant ['fp8']. Fix: set d3_models[0].variant to one of: fp8")
+
+
+def test_replicas_on_one_host_share_a_served_name_and_a_bad_one_is_refused() -> None:
+    """d3_fleet_place's spread: false replicas: instances NAME-1, NAME-2 (units, ports), one model name for clients."""
+    two = [{"model": "plain", "name": "plain-1", "served_name": "plain"}, {"model": "plain", "name": "plain-2", "served_name": "plain"}]
+    result = plan(two, [*GPU, {**GPU[0], "index": 1}])
+    assert result["errors"] == []
+    assert [(i["name"], i["unit"], i["served_model_name"], i["port"]) for i in result["instances"]] == [
+        ("plain-1", "plain-1", "plain", 8000), ("plain-2", "plain-2", "plain", 8001)]
+    assert [i["args"][3] for i in result["instances"]] == ["plain", "plain"]  # --served-model-name
+    # without one, the instance's name is its served name
+    assert plan([{"model": "plain", "name": "other"}])["instances"][0]["served_model_name"] == "other"
+    for bad in ("Plain", "", 3, None, "a b", "plain\n"):
+        errors = plan([{"model": "plain", "served_name": bad}])["errors"]
+        assert errors == [f"host h: d3_models[0] (plain): served_name {bad!r} is not a valid model name. Fix: use lowercase letters, "
+                          "digits and '-'"], bad

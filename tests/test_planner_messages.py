@@ -27,7 +27,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         2,
         {},
         [
-            H + "d3_models[0]: unknown key(s) ['gpu']. Fix: use only ['env', 'extra_args', 'gpus', 'model', 'name', 'port', 'variant']",
+            H + "d3_models[0]: unknown key(s) ['gpu']. Fix: use only ['env', 'extra_args', 'gpus', 'model', 'name', 'port', 'served_name', 'variant']",
         ],
     ),
     "unknown_model": (

@@ -16,6 +16,7 @@ def inst(name: str, port: int, served: str | None = None, model: str | None = No
 
 def node(*instances: Any, **spec: Any) -> dict[str, Any]:
     spec.setdefault("ansible_host", "10.0.0.11")
+    spec.setdefault("api_key", True)
     return {"plan": {"instances": list(instances)}, **spec}
 
 
@@ -26,7 +27,8 @@ def served(out: dict[str, Any]) -> dict[str, list[tuple[str, str, int]]]:
 
 def test_input_that_is_not_a_mapping_is_refused_with_empty_models_and_servers() -> None:
     out = router_backends(["l4-a"], "router")
-    assert out == {"models": [], "servers": {}, "errors": ["fleet hosts: expected a mapping of host to plan, got ['l4-a']"]}
+    assert out == {"models": [], "servers": {}, "endpoint": {}, "metrics": {}, "client_ports": [],
+                   "errors": ["fleet hosts: expected a mapping of host to plan, got ['l4-a']"]}
 
 
 def test_host_names_that_are_not_one_line_of_text_are_refused_and_the_other_hosts_still_route() -> None:
@@ -152,21 +154,18 @@ def test_server_names_that_collide_refuse_that_instance_only() -> None:
 
 def test_inventory_values_are_shown_in_their_refusals() -> None:
     fleet = {"l4-a": node(inst("a", 8001), inst("b", 8002))}
-    out = router_backends(fleet, "router", ["d3"], "x", "*")
+    out = router_backends(fleet, "router", ["d3"], "*")
     assert out["errors"] == [
         "d3_router_ports = ['d3'] is not a mapping of model or served name to port. Fix the inventory.",
-        "d3_router_port_base = 'x' is not a TCP port (1-65535). Fix the inventory.",
         "d3_router_listen_address = '*' is not an IP address (0.0.0.0: every IPv4 address, :: every IPv6 address). Fix the inventory.",
     ]
-    # a refused port base is replaced by the default 9000
-    assert [m["port"] for m in out["models"]] == [9000, 9001]
+    # a refused mapping gives no model a port of its own; every model stays on the fleet endpoint
+    assert [m["port"] for m in out["models"]] == [None, None]
 
 
 def test_router_ports_at_both_ends_of_the_range_are_accepted() -> None:
     out = router_backends({"l4-a": node(inst("a", 8001), inst("b", 8002))}, "router", {"a": 1, "b": 65535})
     assert out["errors"] == [] and [m["port"] for m in out["models"]] == [1, 65535]
-    out = router_backends({"l4-a": node(inst("a", 8001))}, "router", {}, 65535)
-    assert out["errors"] == [] and out["models"][0]["port"] == 65535
 
 
 def test_port_keys_of_any_type_are_checked_one_by_one() -> None:
@@ -174,7 +173,7 @@ def test_port_keys_of_any_type_are_checked_one_by_one() -> None:
     out = router_backends(fleet, "router", {1: 9000, "a": "9100", "b": 9500})
     assert out["errors"] == ["d3_router_ports[1] names no model served in the fleet (served: a, b). Fix or remove it.",
                              "d3_router_ports['a'] = '9100' is not a TCP port (1-65535). Fix the inventory."]  # fmt: skip
-    assert {m["served_name"]: m["port"] for m in out["models"]} == {"a": 9000, "b": 9500}
+    assert {m["served_name"]: m["port"] for m in out["models"]} == {"a": None, "b": 9500}
 
 
 def test_a_port_key_when_nothing_is_served_says_none_is_served() -> None:
@@ -190,20 +189,15 @@ def test_a_model_served_under_several_names_asks_for_the_served_name_as_key() ->
 
 def test_one_refused_model_does_not_hide_the_models_after_it() -> None:
     fleet = {"l4-a": node(inst("a", 8001), inst("b", 8002), inst("c", 8003))}
-    # above 65535
-    out = router_backends(fleet, "router", {"c": 9000}, 65535)
-    assert out["errors"] == ["model b: its router port d3_router_port_base (65535) + 1 = 65536 is above 65535. "
-                             "Lower d3_router_port_base."]  # fmt: skip
-    assert {m["served_name"]: m["port"] for m in out["models"]} == {"a": 65535, "c": 9000}
     # the port of another model
-    out = router_backends(fleet, "router", {"b": 9000})
+    out = router_backends(fleet, "router", {"a": 9000, "b": 9000, "c": 9002})
     assert len(out["errors"]) == 1 and out["errors"][0].startswith("model b: its router port 9000")
     assert {m["served_name"]: m["port"] for m in out["models"]} == {"a": 9000, "c": 9002}
     # the port of an instance on the router host
-    out = router_backends(fleet, "l4-a", {"a": 8001})
+    out = router_backends(fleet, "l4-a", {"a": 8001, "b": 9001})
     assert out["errors"] == ["model a: its router port 8001 (d3_router_ports['a']) is also the port of instance a on the router "
                              "host l4-a. Choose another in d3_router_ports."]  # fmt: skip
-    assert {m["served_name"]: m["port"] for m in out["models"]} == {"b": 9001, "c": 9002}
+    assert {m["served_name"]: m["port"] for m in out["models"]} == {"b": 9001, "c": None}
     # one served name for two models
     fleet["l4-b"] = node(inst("a", 8001, model="other"))
     out = router_backends(fleet, "router")

@@ -53,8 +53,9 @@ def render(tmp: Path, l4_hosts: dict[str, Any], router_vars: dict[str, Any] | No
 def rendered(tmp_path_factory: pytest.TempPathFactory, catalog_vars: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("router")
     hosts = {
-        "l4-a": {"ansible_host": "10.0.0.11", "d3_host_plan": plan(catalog_vars, [{"model": "d3-flash"}, {"model": "d3-mini"}], "l4-a")},
-        "l4-b": {"ansible_host": "10.0.0.12", "d3_router_backend_address": "l4-b.internal.example",
+        "l4-a": {"ansible_host": "10.0.0.11", "d3_units_api_key": "k",
+                 "d3_host_plan": plan(catalog_vars, [{"model": "d3-flash"}, {"model": "d3-mini"}], "l4-a")},
+        "l4-b": {"ansible_host": "10.0.0.12", "d3_router_backend_address": "l4-b.internal.example", "d3_allow_unauthenticated": True,
                  "d3_host_plan": plan(catalog_vars, [{"model": "d3-flash"}], "l4-b")},
     }  # fmt: skip
     proc = render(tmp, hosts, {"d3_router_ports": {"d3-mini": 9100}, "d3_router_timeout_s": 300, "d3_router_check_interval_ms": 500})
@@ -77,12 +78,36 @@ def sections(text: str) -> dict[str, list[str]]:
     return out
 
 
-def test_one_frontend_per_model_on_its_port(rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
+PATH_ACLS = ["acl d3_path path -m str /v1/systemone", "acl d3_path path -m str /v1/models", "acl d3_path path -m str /health"]
+
+
+def test_one_fleet_endpoint_routing_by_model_and_a_frontend_only_where_a_port_is_named(
+        rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:  # fmt: skip
     cfg = sections(rendered[0])
-    assert cfg["frontend fe_d3-flash"] == ["bind 0.0.0.0:9000", "default_backend be_d3-flash"]
-    assert cfg["frontend fe_d3-mini"] == ["bind 0.0.0.0:9100", "default_backend be_d3-mini"]
+    assert cfg["frontend fe_fleet"] == [
+        "bind 0.0.0.0:8000", "option http-buffer-request", *PATH_ACLS,
+        "acl d3_known var(txn.d3_model) -m str d3-flash", "acl d3_known var(txn.d3_model) -m str d3-mini",
+        "http-request deny deny_status 404 if !d3_path",
+        "http-request deny deny_status 413 if { req.body_size gt 262144 }",
+        "http-request return status 200 content-type application/json file /etc/haproxy/d3-router/models.json "
+        "if { path /v1/models } METH_GET",
+        "http-request return status 503 if { path /health } { nbsrv(be_d3-flash) lt 1 }",
+        "http-request return status 503 if { path /health } { nbsrv(be_d3-mini) lt 1 }",
+        "http-request return status 200 if { path /health }",
+        "http-request set-var(txn.d3_model) req.body,json_query('$.model')",
+        "http-request return status 404 content-type application/json file /etc/haproxy/d3-router/unknown-model.json if !d3_known",
+        "use_backend be_d3-flash if { var(txn.d3_model) -m str d3-flash }",
+        "use_backend be_d3-mini if { var(txn.d3_model) -m str d3-mini }",
+    ]  # fmt: skip
+    # d3-mini has a port of its own (d3_router_ports), d3-flash only the endpoint; /metrics, /pause... never pass
+    assert cfg["frontend fe_d3-mini"] == ["bind 0.0.0.0:9100", *PATH_ACLS, "http-request deny deny_status 404 if !d3_path",
+                                          "default_backend be_d3-mini"]  # fmt: skip
     assert [s for s in cfg if s.startswith(("frontend", "backend"))] == [
-        "frontend fe_d3-flash", "backend be_d3-flash", "frontend fe_d3-mini", "backend be_d3-mini"]  # fmt: skip
+        "frontend fe_fleet", "frontend fe_metrics", "backend be_d3-flash", "frontend fe_d3-mini", "backend be_d3-mini"]  # fmt: skip
+    # the exporter: loopback only by default, its own port
+    assert cfg["frontend fe_metrics"] == [
+        "bind 0.0.0.0:8405", "no log", "acl d3_metrics_client src 127.0.0.0/8 ::1", "http-request deny if !d3_metrics_client",
+        "http-request use-service prometheus-exporter if { path /metrics }", "http-request deny deny_status 404"]  # fmt: skip
 
 
 def test_backends_hold_every_replica_with_health_checks(rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
@@ -90,20 +115,46 @@ def test_backends_hold_every_replica_with_health_checks(rendered: tuple[str, dic
     cfg = sections(text)
     port = {h: {i["name"]: i["port"] for i in hosts[h]["d3_host_plan"]["instances"]} for h in hosts}
     head = ["balance leastconn", "option httpchk GET /health", "http-check expect status 200",
-            "default-server check inter 500 fall 2 rise 2 init-addr last,libc,none"]  # fmt: skip
-    assert cfg["backend be_d3-flash"] == [*head, f"server l4-a-d3-flash 10.0.0.11:{port['l4-a']['d3-flash']}",
-                                          f"server l4-b-d3-flash l4-b.internal.example:{port['l4-b']['d3-flash']}"]  # fmt: skip
-    assert cfg["backend be_d3-mini"] == [*head, f"server l4-a-d3-mini 10.0.0.11:{port['l4-a']['d3-mini']}"]
+            "default-server check inter 500 fall 2 rise 2 init-addr libc,none slowstart 10s"]  # fmt: skip
+    assert cfg["backend be_d3-flash"] == [*head, f"server l4-a-d3-flash 10.0.0.11:{port['l4-a']['d3-flash']} maxconn 256",
+                                          f"server l4-b-d3-flash l4-b.internal.example:{port['l4-b']['d3-flash']} maxconn 256"]  # fmt: skip
+    assert cfg["backend be_d3-mini"] == [*head, f"server l4-a-d3-mini 10.0.0.11:{port['l4-a']['d3-mini']} maxconn 256"]
 
 
-def test_timeouts_retries_and_the_runtime_api(rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
+def test_timeouts_retries_state_file_and_the_runtime_api(rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
     cfg = sections(rendered[0])
-    assert {"mode http", "timeout connect 2s", "timeout client 300s", "timeout server 300s", "retries 2",
-            "option redispatch 1"} <= set(cfg["defaults"])  # fmt: skip
-    assert "stats socket /run/haproxy/admin.sock mode 660 level admin expose-fd listeners" in cfg["global"]
-    # no secret and no header rewriting: the clients' Authorization header passes through untouched
-    assert not re.search(r"(?i)authorization|bearer|api[_-]?key|http-request (set|del)-header", rendered[0].replace(
-        "Authorization header", "").replace("passes through", ""))  # fmt: skip
+    assert {"mode http", "option forwardfor", "load-server-state-from-file global", "timeout connect 2s", "timeout client 300s",
+            "timeout server 300s", "timeout http-request 10s", "timeout http-keep-alive 30s", "timeout queue 30s",
+            "option http-server-close", "retries 2", "option redispatch 1"} <= set(cfg["defaults"])  # fmt: skip
+    assert {"stats socket /run/haproxy/admin.sock mode 660 level admin expose-fd listeners",
+            "server-state-file /var/lib/haproxy/server-state", "tune.bufsize 294912"} <= set(cfg["global"])  # fmt: skip
+    assert not any("ssl" in line for lines in cfg.values() for line in lines)  # no TLS unless a certificate is given
+    # no secret and no header rewriting: the clients' Authorization header passes through untouched, nothing captured
+    secretish = r"(?i)authorization|bearer|api[_-]?key|http-request (set|del)-header|capture (request|response)"
+    assert not re.search(secretish, rendered[0].replace("Authorization header", "").replace("passes through", ""))
+
+
+def test_tls_on_every_client_port_and_adding_a_model_changes_no_other(
+        tmp_path: Path, catalog_vars: dict[str, Any], rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:  # fmt: skip
+    """With a certificate, every client port binds with TLS (plain HTTP gets no answer: refused at the handshake), the
+    exporter's stays plain; and a model added to a host changes no line of the other models' sections."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=router",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)  # fmt: skip
+    _, _, hosts = rendered
+    hosts = {**hosts, "l4-b": {**hosts["l4-b"], "d3_host_plan": plan(catalog_vars, [{"model": "d3-flash"}, {"model": "d3-lite"}], "l4-b")}}
+    proc = render(tmp_path, hosts, {"d3_router_ports": {"d3-mini": 9100}, "d3_router_timeout_s": 300, "d3_router_check_interval_ms": 500,
+                                    "d3_router_tls_certificate": (tmp_path / "cert.pem").read_text(),
+                                    "d3_router_tls_key": (tmp_path / "key.pem").read_text()})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "PRIVATE KEY" not in proc.stdout  # the key's tasks log nothing
+    cfg, before = sections((tmp_path / "haproxy.cfg").read_text()), sections(rendered[0])
+    assert cfg["frontend fe_fleet"][0] == "bind 0.0.0.0:8000 ssl crt /etc/haproxy/d3-router/tls.pem"
+    assert cfg["frontend fe_d3-mini"][0] == "bind 0.0.0.0:9100 ssl crt /etc/haproxy/d3-router/tls.pem"
+    assert cfg["frontend fe_metrics"][0] == "bind 0.0.0.0:8405"
+    assert "ssl-default-bind-options ssl-min-ver TLSv1.2 no-tls-tickets" in cfg["global"]
+    for section in ("backend be_d3-flash", "backend be_d3-mini"):
+        assert cfg[section] == before[section], section
+    assert "backend be_d3-lite" in cfg and "use_backend be_d3-lite if { var(txn.d3_model) -m str d3-lite }" in cfg["frontend fe_fleet"]
 
 
 def test_the_role_publishes_the_names_the_rollout_drains_by(rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
@@ -122,10 +173,27 @@ def test_the_role_refuses_a_host_the_run_did_not_plan_and_bad_inputs(tmp_path: P
     proc = render(tmp_path, hosts)
     assert proc.returncode != 0 and not (tmp_path / "haproxy.cfg").exists()
     assert "host l4-b (l4-nodes) has no d3_host_plan: this run did not plan it" in proc.stdout, proc.stdout[-3000:]
+    hosts["l4-a"]["d3_units_api_key"] = "k"
     proc = render(tmp_path, {"l4-a": hosts["l4-a"]}, {"d3_router_timeout_s": 0, "d3_router_stats_socket": "/run/x y"})
     assert proc.returncode != 0 and not (tmp_path / "haproxy.cfg").exists()
     assert "d3_router_stats_socket = '/run/x y' is not a plain absolute path" in proc.stdout, proc.stdout[-3000:]
     assert "d3_router_timeout_s = 0 (want whole seconds, 1-86400" in proc.stdout
+    # a key without its certificate
+    proc = render(tmp_path, {"l4-a": hosts["l4-a"]}, {"d3_router_tls_key": "-----BEGIN PRIVATE KEY-----\nx"})
+    assert proc.returncode != 0 and not (tmp_path / "haproxy.cfg").exists()
+    assert "must be set both, or neither (plain HTTP); given: certificate no, key yes." in proc.stdout, proc.stdout[-3000:]
+    assert "BEGIN PRIVATE KEY" not in proc.stdout
+
+
+def test_a_keyless_backend_behind_a_router_beyond_loopback_is_refused_before_any_change(
+        tmp_path: Path, catalog_vars: dict[str, Any]) -> None:  # fmt: skip
+    keyless = {"l4-a": {"ansible_host": "10.0.0.11", "d3_host_plan": plan(catalog_vars, [{"model": "d3-flash"}], "l4-a")}}
+    proc = render(tmp_path, keyless)
+    assert proc.returncode != 0 and not (tmp_path / "haproxy.cfg").exists()
+    assert ("host l4-a instance 'd3-flash' has no API key and the router listens on 0.0.0.0 (d3_router_listen_address), "
+            "beyond loopback") in " ".join(proc.stdout.split()), proc.stdout[-3000:]  # fmt: skip
+    # a router on loopback only may front it
+    assert render(tmp_path, keyless, {"d3_router_listen_address": "127.0.0.1"}).returncode == 0
 
 
 # HAProxy's own check (haproxy -c) of the configuration the role wrote runs on the lab router host, with Debian's

@@ -20,8 +20,9 @@ SshRunner = Callable[..., subprocess.CompletedProcess[str]]
 # re-creates the last host (it comes back fresh), so it must run before the session's one converge, not after it
 FIRST_MODULES = ("test_refusals.py", "test_lab_hosts.py")
 # after everything that shares `converged`, in this order: test_router checks the routed fleet as converged,
-# test_rollout moves the fleet to other tags (its drills put it back on a pinned digest)
-LAST_MODULES = ("test_router.py", "test_rollout.py")
+# test_rollout moves the fleet to other tags (its drills put it back on a pinned digest), test_router_tls turns the
+# router's TLS on (the next session's converge turns it off)
+LAST_MODULES = ("test_router.py", "test_rollout.py", "test_router_tls.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -11,7 +11,8 @@ How a replica finds its host (rendezvous, or highest-random-weight, hashing):
 - Every host ``h`` gets a score from ``sha256``: for an item with ``spread`` (the default: at most one replica per
   host) the item ranks the hosts once, by ``sha256(f"{name}/{h}")``, and its replicas take the best-ranked hosts
   (the classic rendezvous choice of k hosts for k copies); without ``spread`` each replica ``r`` (1, 2, ...) is an
-  instance of its own (named ``name-r``) and ranks the hosts by ``sha256(f"{name}/{r}/{h}")``. A score depends on
+  instance of its own (named ``name-r``, all serving the model name ``name``: ``served_name``) and ranks the
+  hosts by ``sha256(f"{name}/{r}/{h}")``. A score depends on
   nothing else: not on the other hosts, not on the replica count, not on the order of the inputs (Python's
   ``hash()`` is salted per process and is never used).
 - The replicas are placed one after another in a fixed order: replica 1 of every item, then replica 2 of every
@@ -339,7 +340,10 @@ class _Fleet:
             host.names[instance] = f"replica {replica} of d3_fleet_models[{it['pos']}]"
             if it["port"] is not None:
                 host.ports[it["port"]] = f"replica {replica} of d3_fleet_models[{it['pos']}]"
-            host.placed.append({"item": it, "replica": replica, "d3_models": {**it["item"], "name": instance}})
+            # replicas on one host (spread: false) are NAME-1, NAME-2 as instances and units, and all serve NAME: one
+            # model for clients, one router backend with a server per replica
+            served = {} if it["spread"] else {"served_name": it["name"]}
+            host.placed.append({"item": it, "replica": replica, "d3_models": {**it["item"], "name": instance, **served}})
         for it in self.items:
             if it.get("missing"):
                 self.refuse_shortfall(it)

@@ -71,7 +71,7 @@ BOOLEAN_FLAGS = {
 KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype", "--max-num-batched-tokens")
 NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
 SHA_RE = re.compile(r"\A[0-9a-f]{40}\Z")
-ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "extra_args", "env"}
+ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "served_name", "extra_args", "env"}
 # Compute capability of GPUs known by name, for a variant's min_compute_capability when nvidia-smi's compute_cap is
 # not in the GPU list (declared GPUs): the L4 is Ada Lovelace, sm_89 (domain-facts 9).
 KNOWN_COMPUTE_CAPABILITY = {"L4": 8.9}
@@ -372,6 +372,12 @@ class _Planner:
         if not NAME_RE.match(name):
             self.refuse(where, f"name {name!r} is not a valid unit name", "use lowercase letters, digits and '-'")
             return None
+        # the model name clients send (--served-model-name): the instance name, or one shared by replicas on one host
+        # (d3_fleet_place's spread: false replicas NAME-1, NAME-2 serve NAME)
+        served = item.get("served_name", name)
+        if not isinstance(served, str) or not NAME_RE.match(served):
+            self.refuse(where, f"served_name {served!r} is not a valid model name", "use lowercase letters, digits and '-'")
+            return None
         variant = self.variant(pos, where, model, entry, item.get("variant"))
         if variant is None:
             return None
@@ -523,6 +529,7 @@ class _Planner:
         return {
             "pos": pos,
             "name": name,
+            "served": served,
             "model": model,
             "variant": variant,
             "hf_repo": variant["hf_repo"],
@@ -840,7 +847,7 @@ class _Planner:
         args = ["--model", inst["hf_repo"]]
         if inst["revision"]:
             args += ["--revision", inst["revision"]]
-        args += ["--served-model-name", inst["name"], "--host", self.opt.listen_address, "--port", str(inst["port"])]
+        args += ["--served-model-name", inst["served"], "--host", self.opt.listen_address, "--port", str(inst["port"])]
         for flag in CATALOG_FLAGS:
             if inst["flags"][flag] is not None:  # a pre-quantized variant gets no --quantization
                 args += [flag, str(inst["flags"][flag])]
@@ -857,7 +864,7 @@ class _Planner:
             "model": inst["model"],
             "hf_repo": inst["hf_repo"],
             "revision": inst["revision"],
-            "served_model_name": inst["name"],
+            "served_model_name": inst["served"],
             "gpus": inst["gpus"],
             "cdi_devices": [f"nvidia.com/gpu={i}" for i in inst["gpus"]],
             "port": inst["port"],

@@ -10,8 +10,21 @@ Naming (the contract with the rollout and the status playbook):
 
 - frontend ``fe_<served name>``, backend ``be_<served name>``;
 - server ``<inventory_hostname>-<instance name>``, every character outside ``[A-Za-z0-9_.-]`` replaced by ``_``;
-- port: ``ports[<served name>]``, else ``ports[<catalog model>]`` (when that model has one served name in the fleet),
-  else ``port_base`` + the served name's index in the sorted list of served names.
+- the fleet endpoint (``endpoint_port``, default 8000): every model on one port, routed by the request body's
+  ``model`` (what vLLM's ``--served-model-name`` is); ``GET /v1/models`` answered by the router for the whole fleet
+  (``models_json``, vLLM's list shape), an unknown model a 404 with an OpenAI-style error naming the served models
+  (``unknown_json``);
+- a port of its own per model only where the inventory gives one: ``ports[<served name>]``, else
+  ``ports[<catalog model>]`` (when that model has one served name in the fleet). Never computed from the other models
+  (an index among the served names moved every port after a model added in front of it): adding or removing a
+  model changes no other model's port, frontend, backend or server.
+
+Safe to expose: a router that listens beyond loopback forwards to instances only when each of their hosts has an API
+key (``d3_units_api_key``) or says ``d3_allow_unauthenticated``; only ``PATHS`` and the inventory's
+``allowed_paths`` reach an instance (vLLM leaves ``/metrics``, ``/pause``, ``/tokenize``... open without a key).
+
+Each server's ``maxconn`` is the instance's concurrency: its ``--max-num-seqs`` when the plan's flags set one, else
+vLLM's default for the OpenAI server on a GPU below 70 GiB (the L4), 256 (``MAX_NUM_SEQS``); past it HAProxy queues.
 
 Where the router connects to an instance: port = the instance's port + the host's ``d3_router_backend_port_offset``
 (default 0: a NAT or port forward between router and host, as in the lab); address = the host's
@@ -24,19 +37,28 @@ from its own host only: refused unless the router is that host (then the router 
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from typing import Any
 
 try:  # under Ansible: the collection's own module
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_inputs import check, control_free, shown
+    from ansible_collections.d3fleet.fleet.plugins.filter.d3_planner import split_args
 except ImportError:  # the unit tests import the filters as top-level modules
     from d3_inputs import check, control_free, shown  # type: ignore[no-redef]
+    from d3_planner import split_args  # type: ignore[no-redef]
 
 # HAProxy proxy and server names: letters, digits, '-', '_', '.', ':' (configuration.txt, "4. Proxies"); served names
 # come from the planner (NAME_RE, [a-z0-9-]), checked again here since they reach the configuration.
 SERVED_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,126}\Z")
 HOSTNAME = re.compile(r"\A(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?\Z")
 UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# vllm-project/vllm vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults: default_max_num_seqs
+# {LLM_CLASS: 256, OPENAI_API_SERVER: 256} unless the GPU has >= 70 GiB (not an A100): 1024. An L4 has 23 GiB.
+MAX_NUM_SEQS = 256
+# what clients need: decisions, the model list, the health check (the rest of vLLM's open paths stay behind the router)
+PATHS = ("/v1/systemone", "/v1/models", "/health")
+URL_PATH = re.compile(r"\A(/[A-Za-z0-9._~-]+)+\Z")
 LISTEN_HINT = ("set d3_listen_address to 0.0.0.0 or the host's own address on that host (which needs the API key, "
                "d3_units_api_key, from Vault), or run the router on that host")  # fmt: skip
 
@@ -66,29 +88,84 @@ def _port_ok(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
 
 
+def _max_num_seqs(args: Any) -> int | None:
+    """The instance's ``--max-num-seqs`` from the plan's vLLM arguments (any spelling vLLM reads), else
+    ``MAX_NUM_SEQS``; None when it is set to something that is not a positive whole number."""
+    try:
+        pairs = split_args(list(args)) if isinstance(args, list) else []
+    except ValueError:
+        pairs = []
+    value: Any = MAX_NUM_SEQS
+    for flag, given in pairs:
+        if flag == "--max-num-seqs":
+            value = given
+    text = str(value)
+    return int(text) if text.isdigit() and 0 < int(text) <= 1_000_000 else None
+
+
+def _options(options: Any, errors: list[str]) -> dict[str, Any]:
+    """The fleet endpoint's, the exporter's and the paths' settings, checked (errors name the variable)."""
+    options = options if isinstance(options, dict) else {}
+    out: dict[str, Any] = {}
+    for key, var, default in (("endpoint_port", "d3_router_port", 8000), ("metrics_port", "d3_router_metrics_port", 8405)):
+        value = options.get(key, default)
+        if not _port_ok(value):
+            errors.append(f"{var} = {shown(value)} is not a TCP port (1-65535). Fix the inventory.")
+            value = None
+        out[key] = value
+    extra = options.get("allowed_paths") or []
+    paths = list(PATHS)
+    if not isinstance(extra, list):
+        errors.append(f"d3_router_allowed_paths = {shown(extra)} is not a list of URL paths. Fix the inventory.")
+        extra = []
+    for path in extra:
+        if not isinstance(path, str) or not URL_PATH.match(path) or "/../" in path + "/" or "/./" in path + "/":
+            errors.append(f"d3_router_allowed_paths: {shown(path)} is not a URL path (/v1/name: letters, digits, . _ ~ -; "
+                          "no query, no .. segment). Fix the inventory.")  # fmt: skip
+        elif path not in paths:
+            paths.append(path)
+    out["paths"] = paths
+    allowed = options.get("metrics_allowed") or []
+    out["metrics_allowed"] = []
+    if not isinstance(allowed, list):
+        errors.append(f"d3_router_metrics_allowed = {shown(allowed)} is not a list of IP addresses or networks. Fix the inventory.")
+        allowed = []
+    for position, network in enumerate(allowed):
+        problem = check("network", network)
+        if problem:
+            errors.append(f"d3_router_metrics_allowed[{position}] = {shown(network)} {problem}. Fix the inventory.")
+        else:
+            out["metrics_allowed"].append(str(ipaddress.ip_network(str(network), strict=False)))
+    return out
+
+
 def router_backends(
     _input: Any,
     router_host: str = "",
     ports: Any = None,
-    port_base: Any = 9000,
     listen_address: Any = "0.0.0.0",
+    options: Any = None,
 ) -> dict[str, Any]:
-    """``_input``: ``{host: {plan, backend_address, backend_port_offset, ansible_host}}`` for every host of ``l4-nodes``
-    (``backend_port_offset``: what a NAT between router and host adds to every instance port, default 0; ``plan`` is the
-    host's ``d3_host_plan`` or None when this run did not plan it). Returns ``{models, servers, errors}``."""
+    """``_input``: ``{host: {plan, backend_address, backend_port_offset, ansible_host, api_key,
+    allow_unauthenticated}}`` for every host of ``l4-nodes`` (``backend_port_offset``: what a NAT between router and
+    host adds to every instance port, default 0; ``plan`` is the host's ``d3_host_plan`` or None when this run did not
+    plan it; ``api_key``: whether the host has ``d3_units_api_key``, never the key). ``options``: ``endpoint_port``,
+    ``metrics_port``, ``metrics_allowed``, ``allowed_paths``. Returns ``{models, servers, endpoint, metrics,
+    client_ports, errors}``."""
     errors: list[str] = []
     ports = {} if ports is None else ports
     if not isinstance(_input, dict):
-        return {"models": [], "servers": {}, "errors": [f"fleet hosts: expected a mapping of host to plan, got {shown(_input)}"]}
+        return {"models": [], "servers": {}, "endpoint": {}, "metrics": {}, "client_ports": [],
+                "errors": [f"fleet hosts: expected a mapping of host to plan, got {shown(_input)}"]}  # fmt: skip
     if not isinstance(ports, dict):
         errors.append(f"d3_router_ports = {shown(ports)} is not a mapping of model or served name to port. Fix the inventory.")
         ports = {}
-    if not _port_ok(port_base):
-        errors.append(f"d3_router_port_base = {shown(port_base)} is not a TCP port (1-65535). Fix the inventory.")
-        port_base = 9000
     if check("ip", listen_address):
         errors.append(f"d3_router_listen_address = {shown(listen_address)} {check('ip', listen_address)} "
                       "(0.0.0.0: every IPv4 address, :: every IPv6 address). Fix the inventory.")  # fmt: skip
+    settings = _options(options, errors)
+    bound_to = _ip(str(listen_address))
+    exposed = bound_to is None or not bound_to.is_loopback
 
     by_name: dict[str, dict[str, Any]] = {}
     servers: dict[str, dict[str, dict[str, Any]]] = {}
@@ -118,6 +195,7 @@ def router_backends(
             errors.append(f"host {host}: d3_router_backend_port_offset = {shown(offset)} is not a whole number of ports "
                           "(-65534..65534). Fix the inventory.")  # fmt: skip
             continue
+        keyless = spec.get("api_key") is not True and spec.get("allow_unauthenticated") is not True
         fallback = spec.get("ansible_host")
         fallback_var = "ansible_host"
         if fallback is None or fallback == "":
@@ -171,15 +249,28 @@ def router_backends(
                 errors.append(f"{where}: its port {port} + d3_router_backend_port_offset {offset} = {port + offset} is "
                               "not a TCP port (1-65535). Fix the inventory.")  # fmt: skip
                 continue
+            if exposed and keyless:
+                errors.append(f"{where} has no API key and the router listens on {listen_address} "
+                              "(d3_router_listen_address), beyond loopback: anyone who reaches the router could use it. "
+                              f"Set d3_units_api_key (Ansible Vault) on {host}, or d3_allow_unauthenticated: true on "
+                              f"{host} to serve it open on purpose, or d3_router_listen_address: 127.0.0.1.")  # fmt: skip
+                continue
+            maxconn = _max_num_seqs(inst.get("args"))
+            if maxconn is None:
+                errors.append(f"{where}: its --max-num-seqs in the plan's flags is not a whole number (1-1000000), so the "
+                              "router cannot size its maxconn. Fix its extra_args.")  # fmt: skip
+                continue
             sname = server_name(host, name)
             if sname in taken_names:
                 errors.append(f"{where}: its router server name {sname!r} is also that of {taken_names[sname]}. "
                               "Rename the instance (`name:`) or the host.")  # fmt: skip
                 continue
             taken_names[sname] = where
-            entry = by_name.setdefault(served, {"served_name": served, "models": set(), "servers": []})
+            entry = by_name.setdefault(served, {"served_name": served, "models": set(), "servers": [], "cards": []})
             entry["models"].add(model)
-            entry["servers"].append({"name": sname, "address": address, "port": port + offset, "host": host, "instance": name})
+            entry["cards"].append((sname, inst.get("hf_repo"), inst.get("max_model_len")))
+            entry["servers"].append({"name": sname, "address": address, "port": port + offset, "host": host, "instance": name,
+                                     "maxconn": maxconn})  # fmt: skip
             servers.setdefault(host, {})[name] = {"backend": f"be_{served}", "server": sname, "frontend": f"fe_{served}"}
 
     names = sorted(by_name)
@@ -206,37 +297,63 @@ def router_backends(
 
     models = []
     used: dict[int, str] = {}
-    for index, served in enumerate(names):
-        entry = by_name[served]
-        port, why = wanted.get(served, (port_base + index, f"d3_router_port_base ({port_base}) + {index}"))
-        if port > 65535:
-            errors.append(f"model {served}: its router port {why} = {port} is above 65535. Lower d3_router_port_base.")
+    for var, key in (("d3_router_port", "endpoint_port"), ("d3_router_metrics_port", "metrics_port")):
+        port = settings[key]
+        if port is None:
             continue
         if port in used:
-            errors.append(f"model {served}: its router port {port} ({why}) is also that of model {used[port]}. "
+            errors.append(f"{var} {port} is also {used[port]}. Give each its own port.")
+        elif port in host_ports:
+            errors.append(f"{var} {port} is also the port of instance {host_ports[port]} on the router host {router_host}. "
+                          "Choose another.")  # fmt: skip
+        used[port] = var
+    for served in names:
+        entry = by_name[served]
+        port, why = wanted.get(served, (None, ""))
+        if port in used:
+            errors.append(f"model {served}: its router port {port} ({why}) is also that of {used[port]}. "
                           "Give each model its own port in d3_router_ports.")  # fmt: skip
             continue
         if port in host_ports:
             errors.append(f"model {served}: its router port {port} ({why}) is also the port of instance "
                           f"{host_ports[port]} on the router host {router_host}. Choose another in d3_router_ports.")  # fmt: skip
             continue
-        used[port] = served
         if len(entry["models"]) > 1:
             errors.append(f"served name {served} is used by different models ({', '.join(sorted(entry['models']))}) on "
                           "different hosts: clients would get either. Give the instances distinct `name:`.")  # fmt: skip
             continue
+        if port is not None:
+            used[port] = f"model {served}"
         models.append({
             "model": next(iter(entry["models"])),
             "served_name": served,
-            "frontend": f"fe_{served}",
+            "frontend": None if port is None else f"fe_{served}",
             "backend": f"be_{served}",
             "port": port,
             "servers": sorted(entry["servers"], key=lambda s: s["name"]),
+            "card": min(entry["cards"], key=str),
         })  # fmt: skip
     if not by_name and not errors:
         errors.append("no instance is planned on any host of l4-nodes: the router has nothing to route (HAProxy does "
                       "not start without a frontend). Plan models (d3_models, d3_fleet_models) first.")  # fmt: skip
-    return {"models": models, "servers": servers, "errors": errors}
+    served_names = [m["served_name"] for m in models]
+    # GET /v1/models as vLLM answers it (ModelList of ModelCard: tests/contracts/vllm/models.json), for the whole fleet;
+    # created is 0 (the configuration must not change on every run), root the checkpoint the plan serves
+    listing = {"object": "list", "data": [
+        {"id": m["served_name"], "object": "model", "created": 0, "owned_by": "vllm", "root": m["card"][1], "parent": None,
+         "max_model_len": m["card"][2]} for m in models]}  # fmt: skip
+    # vLLM's ErrorResponse (ErrorInfo: message, type, param, code) for a model it does not serve: NotFoundError, 404
+    message = f"The model in the request is not served by this fleet. Served models: {', '.join(served_names) or 'none'}."
+    unknown = {"error": {"message": message, "type": "NotFoundError", "param": "model", "code": 404}}
+    for m in models:
+        del m["card"]
+    endpoint = {"port": settings["endpoint_port"], "paths": settings["paths"], "models_json": json.dumps(listing, sort_keys=True) + "\n",
+                "unknown_json": json.dumps(unknown, sort_keys=True) + "\n"}  # fmt: skip
+    metrics = {"port": settings["metrics_port"], "allowed": settings["metrics_allowed"]}
+    # the ports clients connect to (the firewall role guards them on a router); the exporter has its own allow list
+    client_ports = sorted({settings["endpoint_port"], *(m["port"] for m in models if m["port"])} - {None})
+    return {"models": models, "servers": servers, "endpoint": endpoint, "metrics": metrics, "client_ports": client_ports,
+            "errors": errors}  # fmt: skip
 
 
 class FilterModule:

@@ -33,6 +33,12 @@ options:
     description: Seconds before giving up.
     type: int
     default: 120
+  validate_certs:
+    description:
+      - Check an https URL's certificate (system CAs, the URL's host name). Off only for a server asking itself over
+        loopback (the d3_router role's own check of its TLS frontends, whose certificate names the router).
+    type: bool
+    default: true
 author: d3-fleet
 """
 
@@ -92,11 +98,12 @@ def main() -> None:
             "body": {"type": "raw"},
             "api_key": {"type": "str", "no_log": True},
             "timeout": {"type": "int", "default": 120},
+            "validate_certs": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
     p = module.params
-    module.exit_json(changed=False, **send(p["url"], p["method"], p["body"], p["api_key"], p["timeout"]))
+    module.exit_json(changed=False, **send(p["url"], p["method"], p["body"], p["api_key"], p["timeout"], p["validate_certs"]))
 
 
 if __name__ == "__main__":

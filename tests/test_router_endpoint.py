@@ -107,7 +107,7 @@ def test_only_the_paths_clients_need_and_the_inventory_s_pass() -> None:
     assert out["errors"] == []
     assert out["endpoint"]["paths"] == ["/v1/systemone", "/v1/models", "/health", "/v1/chat/completions", "/v1/x~y.z_w-1"]
     assert router_backends(fleet, "router")["endpoint"]["paths"] == ["/v1/systemone", "/v1/models", "/health"]
-    bad = ["v1/x", "/v1/../metrics", "/v1/./x", "/v1/x?y=1", "/v1/x y", "/", "/v1//x", "/v1/x\n", 3, "/v1/x/"]
+    bad = ["v1/x", "/v1/../metrics", "/v1/./x", "/v1/..", "/v1/.", "/v1/x?y=1", "/v1/x y", "/", "/v1//x", "/v1/x\n", 3, "/v1/x/"]
     out = router_backends(fleet, "router", options={"allowed_paths": bad})
     assert out["errors"] == [f"d3_router_allowed_paths: {p!r} is not a URL path (/v1/name: letters, digits, . _ ~ -; no query, "
                              "no .. segment). Fix the inventory." for p in bad]  # fmt: skip
@@ -144,6 +144,11 @@ def test_the_exporter_s_clients_and_every_port_of_the_router_are_checked() -> No
         "d3_router_ports."]  # fmt: skip
     assert router_backends(fleet, "l4-a", options={"metrics_port": 8001})["errors"] == [
         "d3_router_metrics_port 8001 is also the port of instance a on the router host l4-a. Choose another."]
+    # a refused endpoint port does not hide a clash of the exporter's
+    assert router_backends(fleet, "router", {"a": 8405}, options={"endpoint_port": 0})["errors"] == [
+        "d3_router_port = 0 is not a TCP port (1-65535). Fix the inventory.",
+        "model a: its router port 8405 (d3_router_ports['a']) is also that of d3_router_metrics_port. Give each model its own "
+        "port in d3_router_ports."]  # fmt: skip
     assert router_backends(fleet, "router", options="x")["endpoint"]["port"] == 8000  # not a mapping: the defaults
     # the ports clients connect to: the endpoint's and the models' own, not the exporter's
     assert router_backends(fleet, "router", {"a": 9001})["client_ports"] == [8000, 9001]
@@ -160,6 +165,7 @@ def test_the_exporter_s_clients_and_every_port_of_the_router_are_checked() -> No
         (["--max-num-seqs=32"], 32),
         (["--max_num_seqs", "16", "--enforce-eager"], 16),
         (["--max-num-seqs", "8", "--max-num-seqs=1000000"], 1_000_000),
+        (["--max-num-seqs", "1"], 1),
         (["not-a-flag"], MAX_NUM_SEQS),
     ],
 )
@@ -182,6 +188,9 @@ def test_the_model_list_and_the_unknown_model_answer_have_vllm_s_shapes() -> Non
     fleet = {"l4-b": node(inst("b-1", 8001, served="b"), inst("b-2", 8002, served="b")), "l4-a": node(inst("a", 8001))}
     endpoint = router_backends(fleet, "router")["endpoint"]
     listing = json.loads(endpoint["models_json"])
+    # sorted keys, one line: the file (and so the configuration) is the same on every run
+    assert endpoint["models_json"] == json.dumps(listing, sort_keys=True) + "\n"
+    assert endpoint["unknown_json"] == json.dumps(json.loads(endpoint["unknown_json"]), sort_keys=True) + "\n"
     card = json.loads((CONTRACTS / "models.json").read_text())["body"]
     assert set(listing) == set(card) and listing["object"] == card["object"] == "list"
     assert [set(c) for c in listing["data"]] == [set(card["data"][0])] * 2

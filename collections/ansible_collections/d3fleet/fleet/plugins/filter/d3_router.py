@@ -266,7 +266,7 @@ def router_backends(
                               "Rename the instance (`name:`) or the host.")  # fmt: skip
                 continue
             taken_names[sname] = where
-            entry = by_name.setdefault(served, {"served_name": served, "models": set(), "servers": [], "cards": []})
+            entry = by_name.setdefault(served, {"models": set(), "servers": [], "cards": []})
             entry["models"].add(model)
             entry["cards"].append((sname, inst.get("hf_repo"), inst.get("max_model_len")))
             entry["servers"].append({"name": sname, "address": address, "port": port + offset, "host": host, "instance": name,
@@ -331,7 +331,7 @@ def router_backends(
             "backend": f"be_{served}",
             "port": port,
             "servers": sorted(entry["servers"], key=lambda s: s["name"]),
-            "card": min(entry["cards"], key=str),
+            "card": min(entry["cards"]),  # (server name, ...): the first server's, names are unique
         })  # fmt: skip
     if not by_name and not errors:
         errors.append("no instance is planned on any host of l4-nodes: the router has nothing to route (HAProxy does "

@@ -99,6 +99,8 @@ def test_a_keyless_backend_is_refused_behind_a_router_beyond_loopback(listen: st
     assert out["errors"] == (expected if refused else [])
     # the keyed host still routes
     assert [s["host"] for m in out["models"] for s in m["servers"]] == (["l4-b"] if refused else ["l4-a", "l4-b", "l4-a"])
+    # a reader of the fleet that is no router (the rollout's drains, the monitor's targets) passes no listen address
+    assert router_backends({"l4-a": node(inst("a", 8001), **spec)}, "router")["errors"] == []
 
 
 def test_only_the_paths_clients_need_and_the_inventory_s_pass() -> None:

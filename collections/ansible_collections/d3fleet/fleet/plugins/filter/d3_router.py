@@ -143,13 +143,14 @@ def router_backends(
     _input: Any,
     router_host: str = "",
     ports: Any = None,
-    listen_address: Any = "0.0.0.0",
+    listen_address: Any = None,
     options: Any = None,
 ) -> dict[str, Any]:
     """``_input``: ``{host: {plan, backend_address, backend_port_offset, ansible_host, api_key,
     allow_unauthenticated}}`` for every host of ``l4-nodes`` (``backend_port_offset``: what a NAT between router and
     host adds to every instance port, default 0; ``plan`` is the host's ``d3_host_plan`` or None when this run did not
-    plan it; ``api_key``: whether the host has ``d3_units_api_key``, never the key). ``options``: ``endpoint_port``,
+    plan it; ``api_key``: whether the host has ``d3_units_api_key``, never the key). ``listen_address``: where the
+    router listens (None: no router listens, e.g. the rollout's or the monitor's view; no key rule). ``options``: ``endpoint_port``,
     ``metrics_port``, ``metrics_allowed``, ``allowed_paths``. Returns ``{models, servers, endpoint, metrics,
     client_ports, errors}``."""
     errors: list[str] = []
@@ -160,12 +161,14 @@ def router_backends(
     if not isinstance(ports, dict):
         errors.append(f"d3_router_ports = {shown(ports)} is not a mapping of model or served name to port. Fix the inventory.")
         ports = {}
-    if check("ip", listen_address):
+    if listen_address is not None and check("ip", listen_address):
         errors.append(f"d3_router_listen_address = {shown(listen_address)} {check('ip', listen_address)} "
                       "(0.0.0.0: every IPv4 address, :: every IPv6 address). Fix the inventory.")  # fmt: skip
     settings = _options(options, errors)
+    # the key rule is the router's (the role passes where it listens); other readers of the fleet (the rollout, the
+    # monitor) pass none
     bound_to = _ip(str(listen_address))
-    exposed = bound_to is None or not bound_to.is_loopback
+    exposed = listen_address is not None and (bound_to is None or not bound_to.is_loopback)
 
     by_name: dict[str, dict[str, Any]] = {}
     servers: dict[str, dict[str, dict[str, Any]]] = {}

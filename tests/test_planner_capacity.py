@@ -170,3 +170,27 @@ def test_non_torch_and_weights_split_over_tp(arch: dict[str, Any]) -> None:
     f = kv_cache_figures(arch["d3"], flags(), L4, 2, weights_mib=101, non_torch_mib=7)
     assert (f["weights_mib"], f["non_torch_mib"]) == (51, 7)
     assert f["non_kv_mib"] == 51 + f["activation_peak_mib"] + 7
+
+
+def test_no_weights_given_counts_none(arch: dict[str, Any]) -> None:
+    f = kv_cache_figures(arch["d3-edge"], flags(), L4, 1)
+    assert f["weights_mib"] == 0 and f["non_kv_mib"] == f["activation_peak_mib"] + 512
+
+
+@pytest.mark.parametrize(("layers", "interval", "group_size"), [(9, 2, 5), (5, 2, 2), (9, 3, 3)])
+def test_the_one_and_a_half_rule_at_its_edges(layers: int, interval: int, group_size: int) -> None:
+    # 4 full / 5 GDN: 5 < 6, the larger; 2 / 3: exactly 1.5 x, the smaller; 3 / 6: 6 < 2.5 x 3 yet >= 1.5 x 3, the smaller
+    text = {"num_hidden_layers": layers, "full_attention_interval": interval, "hidden_size": 64, "intermediate_size": 64,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 1, "linear_num_value_heads": 1,
+            "linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32",
+            "dtype": "bfloat16"}  # fmt: skip
+    assert kv_cache_figures({"text": text}, flags(64, 0.5), 10000, 1)["group_size"] == group_size
+
+
+def test_a_wide_attention_layer_at_tp_2_with_fp8_activations() -> None:
+    text = {"num_hidden_layers": 4, "full_attention_interval": 4, "hidden_size": 100, "intermediate_size": 100, "num_attention_heads": 3,
+            "num_key_value_heads": 4, "head_dim": 45, "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32", "dtype": "bfloat16"}  # fmt: skip
+    # attention: (3 x 3 x 45 // 2 = 202, + 2 x 2 KV heads x 45 = 180, + 100) x 2 + 100 FP8 = 1064; MLP: (100 + 50) x 2 + 150 + 200 = 650
+    f = kv_cache_figures({"text": text}, flags(64, 0.5, fp8_activations=True), 10000, 2)
+    assert f["activation_bytes_per_token"] == 400 + 1064

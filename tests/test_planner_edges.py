@@ -252,3 +252,74 @@ def test_replicas_on_one_host_share_a_served_name_and_a_bad_one_is_refused() -> 
         errors = plan([{"model": "plain", "served_name": bad}])["errors"]
         assert errors == [f"host h: d3_models[0] (plain): served_name {bad!r} is not a valid model name. Fix: use lowercase letters, "
                           "digits and '-'"], bad
+
+# --- the fixes a memory refusal offers, at their edges --------------------------------------------------------------
+
+
+def test_the_longest_max_model_len_is_one_below_a_block_boundary() -> None:
+    # 864 tokens (18 blocks of 48) fit; 865 needs a 19th block
+    (error,) = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3633", "--max-model-len=865"]}])["errors"]
+    assert error.endswith("Fix: in d3_models[0].extra_args set --max-model-len=864 (the longest that fits), or set --gpu-memory-utilization=0.37, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)")
+
+
+def test_no_share_above_097_is_offered() -> None:
+    # 96815 MiB of weights need a 0.98 share of a 100000 MiB GPU: more than the CUDA context leaves, so not offered
+    big = [{**GPU[0], "memory_total_mib": 100000}]
+    (error,) = d3_plan([{"model": "sized"}], {"sized": sized(96815)}, COMMON, big, host="h", options={"allow_cuda_graphs": True})["errors"]
+    assert "--gpu-memory-utilization=" not in error.split("Fix: ", 1)[1]
+    assert d3_plan([{"model": "sized", "extra_args": ["--gpu-memory-utilization=0.98"]}], {"sized": sized(96815)}, COMMON, big, host="h",
+                   options={"allow_cuda_graphs": True})["errors"] == []  # fmt: skip
+
+
+def test_the_tensor_parallel_fix_goes_up_to_8(catalog_vars: dict[str, Any]) -> None:
+    result = d3_plan([{"model": "d3-lite", "extra_args": ["--max-model-len=262144"]}], catalog_vars["d3_catalog"],
+                     catalog_vars["d3_catalog_common"], l4_gpus(2), host="h", options={"api_key_set": True})  # fmt: skip
+    assert result["errors"][0].endswith("or set --tensor-parallel-size=8 (8 GPUs; the host has 2)")
+
+
+def test_batched_tokens_equal_to_the_context_are_not_blamed() -> None:
+    (error,) = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3633", "--max-num-batched-tokens=32768"]}])["errors"]
+    assert "remove --max-num-batched-tokens" not in error and "max_num_batched_tokens (" not in error
+
+
+def test_an_invalid_floor_is_refused_alone_and_the_instance_judged_at_1(catalog_vars: dict[str, Any]) -> None:
+    item = {"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=24304"]}  # concurrency 1.0
+    result = d3_plan([item], catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], l4_gpus(1), host="h",
+                     options={"api_key_set": True, "min_concurrency": 0})  # fmt: skip
+    assert [e.split(": ", 2)[1] for e in result["errors"]] == ["d3_min_concurrency"]
+
+
+def test_share_fixes_at_their_edges() -> None:
+    catalog = {"s": entry(weights_fp8_gb=0.1)}
+    opts = {"allow_cuda_graphs": True}
+    share = lambda name, util, **more: {"model": "s", "name": name, "gpus": [0], "extra_args": [f"--gpu-memory-utilization={util}"], **more}  # noqa: E731
+    # less than 0.01 left: no share offered, nothing computed at 0
+    (error,) = d3_plan([share("a", 0.5), share("b", 0.415), share("c", 0.1)], catalog, COMMON, GPU, host="h", options=opts)["errors"]
+    assert error.endswith("Fix: move d3_models[2] to another GPU (its `gpus:`) or host")
+    # what is left starts the instance but below the floor: the fix says so, with the instance's own context
+    (error,) = d3_plan([share("a", 0.9), share("c", 0.1)], catalog, COMMON, l4_gpus(1, 100000), host="h",
+                       options={**opts, "min_concurrency": 1000})["errors"]  # fmt: skip
+    assert "(at the 0.02 left, c itself would not start: would start with 'GPU KV cache size:" in error
+    assert "'Maximum concurrency for 4,096 tokens per request:" in error
+    # automatic placement: the fix offers the least used GPU's room
+    auto = [share("a", 0.9), {"model": "s", "name": "b", "gpus": [1], "extra_args": ["--gpu-memory-utilization=0.5"]},
+            {"model": "s", "name": "c", "extra_args": ["--gpu-memory-utilization=0.5"]}]  # fmt: skip
+    (error,) = d3_plan(auto, catalog, COMMON, l4_gpus(2, 10000), host="h", options=opts)["errors"]
+    assert "(GPU 0: a 9000 MiB (0.9); GPU 1: b 5000 MiB (0.5)). Fix: set --gpu-memory-utilization=0.42 in d3_models[2].extra_args" in error
+    # an idle GPU is named as such; a TP 2 instance's partial plan names both GPUs
+    two = dict(entry(weights_fp8_gb=0.1), tensor_parallel_size=2)
+    result = d3_plan([{"model": "t", "gpus": [0, 1]}, {"model": "t", "name": "u", "extra_args": ["--gpu-memory-utilization=0.5"]}],
+                     {"t": two}, COMMON, l4_gpus(3, 10000), host="h", options=opts)  # fmt: skip
+    assert "(GPU 0: plain 5000 MiB (0.5); GPU 1: plain 5000 MiB (0.5); GPU 2: nothing)" in result["errors"][0]
+    assert result["partial"][0].startswith("plain: t on GPU 0,1, port 8000")
+
+
+def test_the_non_torch_margin_option_reaches_the_arithmetic() -> None:
+    (inst,) = plan([{"model": "plain"}], vram_overhead_mib=100)["instances"]
+    assert inst["vram_arithmetic_mib_per_gpu"]["non_torch_mib"] == 100
+
+
+def test_json_keys_of_known_flags_and_a_harmless_kv_cache_dtype() -> None:
+    assert plan([{"model": "plain", "extra_args": ["--max-model-len.x=1"]}])["errors"] == [
+        "host h: d3_models[0] (plain): extra_args sets --max-model-len.x (a JSON key of --max-model-len), which the planner reads as a whole. Fix: give --max-model-len VALUE instead"]
+    assert plan([{"model": "plain", "extra_args": ["--kv-cache-dtype=auto"]}])["errors"] == []

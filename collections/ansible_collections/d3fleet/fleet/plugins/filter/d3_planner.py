@@ -598,7 +598,6 @@ class _Planner:
             "name": name or "default",
             "label": "" if wanted is None else f" variant {name}",
             "chosen": name != entry.get("default_variant"),
-            "choices": len(variants),
             "hf_repo": hf_repo,
             "revision_key": hf_repo.rsplit("/", 1)[-1],
             "weights_gb": raw.get("weights_gb", entry["weights_fp8_gb"]),
@@ -637,6 +636,11 @@ class _Planner:
         """kv_cache_figures for a catalog entry on a GPU of total_mib (d3_vram_overhead_mib: the non-torch margin)."""
         return kv_cache_figures(entry["architecture"], flags, total_mib, tp, weights_mib, int(self.opt.vram_overhead_mib))
 
+    def starts(self, fig: dict[str, Any]) -> bool:
+        """vLLM starts with these figures, at or above d3_min_concurrency (1 while that is refused on its own)."""
+        floor = float(self.opt.min_concurrency) if self.floor_problem() is None else 1.0
+        return fig["refusal"] is None and fig["max_concurrency"] >= floor
+
     def memory_shortfall(self, fig: dict[str, Any], max_len: int) -> str:
         """Why vLLM would refuse (or start below d3_min_concurrency) with these figures, in MiB; "" when it starts."""
         parts = (
@@ -648,10 +652,9 @@ class _Planner:
         )  # fmt: skip
         share = f"its share (--gpu-memory-utilization x GPU memory) of {fig['requested_mib']} MiB"
         refusal = fig["refusal"]
+        if self.starts(fig):
+            return ""
         if refusal is None:
-            floor = float(self.opt.min_concurrency) if self.floor_problem() is None else 1.0  # refused on its own
-            if fig["max_concurrency"] + 1e-9 >= floor:
-                return ""
             return (
                 f"would start with 'GPU KV cache size: {fig['gpu_kv_cache_tokens']:,} tokens' and 'Maximum concurrency for "
                 f"{max_len:,} tokens per request: {fig['max_concurrency']:.2f}x', below d3_min_concurrency "
@@ -677,8 +680,7 @@ class _Planner:
         the smallest --gpu-memory-utilization (up to 0.97: the CUDA context needs the rest), the smallest larger TP."""
 
         def works(changes: dict[str, Any], size: int = tp) -> bool:
-            fig = self.figures(entry, {**flags, **changes}, total_mib, size, weights_mib)
-            return not self.memory_shortfall(fig, int(changes.get("--max-model-len", flags["--max-model-len"])))
+            return self.starts(self.figures(entry, {**flags, **changes}, total_mib, size, weights_mib))
 
         fixes = []
         lo, hi = 1, int(flags["--max-model-len"]) - 1
@@ -784,7 +786,7 @@ class _Planner:
         if util > 0:
             fig = self.figures(self.catalog[inst["model"]], {**inst["vllm_flags"], "--gpu-memory-utilization": util},
                                min(self.memory(g) for g in gpus), inst["tp"], inst["weights_mib"])  # fmt: skip
-            if not self.memory_shortfall(fig, inst["max_model_len"]):
+            if self.starts(fig):
                 return f"set --gpu-memory-utilization={_fmt(util)} in d3_models[{inst['pos']}].extra_args (what is left), or " + fix
             fix += (
                 f" (at the {_fmt(util)} left, {inst['name']} itself would not start: {self.memory_shortfall(fig, inst['max_model_len'])})"

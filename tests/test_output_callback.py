@@ -178,6 +178,11 @@ def test_task_name_and_role() -> None:
     assert fleet.role_of(object()) is None
     assert fleet.role_of(Task(role="d3_units")) == "d3_units"
     assert fleet.role_of(Task()) is None
+    # d3_preflight includes nvidia_toolkit's checks: they stay in d3_preflight's step
+    include = Task("Check the toolkit inputs", role="d3_preflight", parent=Obj(_role=Role("d3_preflight"), _parent=None))
+    inner_block = Obj(_role=Role("nvidia_toolkit"), _parent=include)
+    assert fleet.role_of(Task("validate", role="nvidia_toolkit", parent=inner_block)) == "d3_preflight"
+    assert fleet.role_of(Task("play task", parent=Obj(_role=None, _parent=Obj()))) is None
 
 
 # ---- the events, without -v ------------------------------------------------------------------------------------
@@ -260,7 +265,7 @@ def test_failed_stderr_option_and_recap_colours() -> None:
     cb.v2_runner_on_failed(result("h", t, msg="m"))
     cb.v2_runner_on_unreachable(result("h", t, msg="u"))
     assert [e for line, _, e in display.lines if line.startswith(("FAILED", "UNREACHABLE"))] == [True, True]
-    assert "FAILED h [Converge] x: m" in display.text()
+    assert "FAILED h [play tasks] x: m" in display.text()
     summaries = {"bad": {"ok": 1, "failures": 1}, "down": {"unreachable": 1}, "good": {"ok": 2}}
     cb.v2_playbook_on_stats(Obj(processed=dict.fromkeys(summaries, 1), summarize=summaries.__getitem__))
     recap = [(line.split()[0], c) for line, c, _ in display.lines if line.startswith("  ") and "ok=" in line]
@@ -283,7 +288,7 @@ def test_debug_loops_vars_and_handlers() -> None:
     cb.v2_playbook_on_play_start(Obj(get_name=lambda: "Router", check_mode=False))  # the last step's line first
     assert display.text()[1:5] == ["one", "two", "plan: a", "plan: b"]
     assert display.text()[5:] == [phase_line("h", "d3_units", {"changed": 1}, 1.5, (1, 16)),
-                                  phase_line("h", "Converge", {"ok": 2}, 3.0, (1, 16)), "PLAY Router"]
+                                  phase_line("h", "play tasks", {"ok": 2}, 3.0, (1, 16)), "PLAY Router"]
 
 
 def test_play_tasks_between_a_roles_tasks_do_not_end_its_step() -> None:
@@ -296,8 +301,8 @@ def test_play_tasks_between_a_roles_tasks_do_not_end_its_step() -> None:
         cb.v2_runner_on_ok(result("h", task))
     cb.v2_playbook_on_stats(Obj(processed={}, summarize=dict))
     assert [line.split()[1:3] for line in display.text()[1:4]] == [["d3_image", "ok"], ["d3_state", "ok"],
-                                                                    ["Converge", "ok"]]  # fmt: skip
-    assert display.text()[1].split()[3] == "2" and display.text()[3].split()[3] == "1"
+                                                                    ["play", "tasks"]]  # fmt: skip
+    assert display.text()[1].split()[3] == "2" and display.text()[3].split()[4] == "1"
 
 
 def test_hosts_outside_the_play_order_come_last_and_a_skipped_only_host_prints_nothing() -> None:
@@ -388,9 +393,9 @@ def test_inside_ansible(tmp_path: Path) -> None:
     assert quiet.returncode == 2, quiet.stdout + quiet.stderr
     lines = quiet.stdout.splitlines()
     assert lines[0] == "PLAY A play" and lines[1] == "host  model   health 2q ms   " + "x" * 120
-    assert lines.count("FAILED b [A play] Fail on one host: host b: bad input. Fix: set x") == 1
+    assert lines.count("FAILED b [play tasks] Fail on one host: host b: bad input. Fix: set x") == 1
     assert [ln.split()[:3] for ln in lines if ln.startswith("  a ") or ln.startswith("  b ")][:2] == [
-        ["a", "A", "play"], ["b", "A", "play"]]
+        ["a", "play", "tasks"], ["b", "play", "tasks"]]
     assert "HIDDEN-RESCUED" not in quiet.stdout + quiet.stderr and "TASK [" not in quiet.stdout
     assert len(lines) == 9, quiet.stdout
     assert "Origin:" not in quiet.stderr and "[ERROR]" not in quiet.stderr, quiet.stderr  # no second copy of the error
@@ -420,9 +425,9 @@ def test_before_any_play_the_real_clock_and_an_unreachable_only_step() -> None:
     cb.v2_playbook_on_task_start(task, False)
     cb.v2_runner_on_ok(result("h", task))
     cb.v2_playbook_on_stats(Obj(processed={}, summarize=dict))
-    assert display.text() == [phase_line("h", "tasks", {"ok": 1}, 0.0, (1, 16)), "RECAP"]
+    assert display.text() == [phase_line("h", "play tasks", {"ok": 1}, 0.0, (1, 16)), "RECAP"]
     cb, display = callback()
     cb.v2_playbook_on_play_start(PLAY)
     cb.v2_runner_on_unreachable(result("h", Obj(ignore_unreachable=True, _role=None)))
     cb.v2_playbook_on_stats(Obj(processed={}, summarize=dict))
-    assert display.lines[1] == (phase_line("h", "Converge", {"unreachable": 1}, 1.5, (1, 16)), fleet.C.COLOR_ERROR, False)
+    assert display.lines[1] == (phase_line("h", "play tasks", {"unreachable": 1}, 1.5, (1, 16)), fleet.C.COLOR_ERROR, False)

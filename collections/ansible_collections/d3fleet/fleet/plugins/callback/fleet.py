@@ -10,7 +10,8 @@ short_description: Fleet-shaped output - one line per host and step, the tables 
 description:
   - A stdout callback for the d3-fleet playbooks. Without C(-v) it prints, for each play, one line per host and
     step when the step ends (a step is a role's consecutive tasks, play tasks in between do not end it; the tasks
-    of the play outside roles make one step, named after the play, that ends with the play) - C(ok),
+    of the play outside roles make one step, C(play tasks), that ends with the play; a role's tasks from another
+    role it includes count as its own) - C(ok),
     C(changed) with the number of changed tasks, or C(FAILED), the number of tasks it ran and how long it took -
     the messages of C(ansible.builtin.debug) tasks (the plan, smoke, status and bench tables) line by line, never
     wrapped nor quoted, each failure once (host, step, task and the task's own message, which names the fix), and
@@ -48,6 +49,7 @@ from ansible import constants as C
 from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 
 DEBUG_ACTIONS = frozenset({"debug", "ansible.builtin.debug", "ansible.legacy.debug"})
+PLAY_STEP = "play tasks"  # the step of a play's tasks outside roles
 COUNTS = ("ok", "changed", "failed", "unreachable", "skipped", "rescued", "ignored")
 
 
@@ -133,8 +135,13 @@ def task_name(task: Any) -> str:
 
 
 def role_of(task: Any) -> str | None:
-    """The role a task belongs to (its step), None for a task of the play itself."""
-    role = getattr(task, "_role", None)
+    """The role a task belongs to (its step): the outermost role of its parents, so that the tasks a role includes
+    from another (d3_preflight checking every role's inputs) stay in the step of the role the play named; None for a
+    task of the play itself."""
+    role, node = None, task
+    while node is not None:
+        role = getattr(node, "_role", None) or role
+        node = getattr(node, "_parent", None)
     return None if role is None else str(role.get_name(include_role_fqcn=False))
 
 
@@ -161,7 +168,6 @@ class CallbackModule(DefaultCallback):
 
     def __init__(self) -> None:
         super().__init__()
-        self._play_name = ""
         self._role_step: Step | None = None
         self._play_step: Step | None = None
         self._play_hosts: list[str] = []
@@ -195,7 +201,7 @@ class CallbackModule(DefaultCallback):
         role = role_of(task)
         if role is None:
             if self._play_step is None:
-                self._play_step = Step(self._play_name or "tasks", self._clock())
+                self._play_step = Step(PLAY_STEP, self._clock())
             return self._play_step
         if self._role_step is None or self._role_step.name != role:
             self._flush(self._role_step)
@@ -212,9 +218,8 @@ class CallbackModule(DefaultCallback):
         if self._verbose():
             return super().v2_playbook_on_play_start(play)
         self._end_play()
-        self._play_name = play.get_name().strip()
         self._play_hosts = []
-        self._display.display(f"PLAY {self._play_name}" + (" [CHECK MODE]" if play.check_mode else ""))
+        self._display.display(f"PLAY {play.get_name().strip()}" + (" [CHECK MODE]" if play.check_mode else ""))
         return None
 
     def v2_playbook_on_task_start(self, task: Any, is_conditional: bool) -> None:

@@ -1,10 +1,11 @@
 """The router with TLS on, and a drain that survives the reload turning it on (role d3_router, lab router host).
 
-One router-only converge (`site.yml --tags router`) with a certificate for the router signed by the lab CA (a LAB
-STAND-IN, made here: a real router's certificate and key come from the inventory, the key from Ansible Vault). Before
-it, a d3-lite server is drained by hand; the converge changes the configuration, so the role saves the servers' state
-and reloads. Then: the server is still drained; a client trusting the lab CA gets its decision over https through
-the fleet endpoint and a model's own port; plain HTTP gets no answer; /metrics and /pause are not reachable.
+One run of the d3_router role alone (tests/lab/router_role.yml, from the l4 hosts' plans of the session's converge:
+no probe, no plan) with a certificate for the router signed by the lab CA (a LAB STAND-IN, made here: a real router's
+certificate and key come from the inventory, the key from Ansible Vault). Before it, a d3-lite server is drained by
+hand; the run changes the configuration, so the role saves the servers' state and reloads. Then: the server is still
+drained; a client trusting the lab CA gets its decision over https through the fleet endpoint and a model's own port;
+plain HTTP gets no answer; /metrics and /pause are not reachable.
 
 Runs after test_rollout (tests/lab/conftest.py LAST_MODULES) and leaves TLS on: the next session's converge, from
 the lab inventory (no certificate), turns it off again."""
@@ -47,14 +48,27 @@ def tls_run(converge_run: Run, host_names: list[str], tmp_path_factory: pytest.T
     drained = routed[MODEL]["servers"][0]["name"]
     on_host(ROUTER, f"echo 'set server {backend}/{drained} state drain' | socat stdio {SOCKET}")
     assert server_states(backend)[drained] == "DRAIN"
-    run = labkit.run_playbook("site.yml", limit=f"{labkit.LAB_GROUP}:{labkit.ROUTER_GROUP}", cmdline="--tags router",
-                              extravars={"d3_router_tls_certificate": (tmp / "cert.pem").read_text(),
+    run = labkit.run_playbook("tests/lab/router_role.yml", limit=f"{labkit.LAB_GROUP}:{labkit.ROUTER_GROUP}",
+                              extravars={"d3_router_test_plans": plans(converge_run),
+                                         "d3_router_tls_certificate": (tmp / "cert.pem").read_text(),
                                          "d3_router_tls_key": (tmp / "key.pem").read_text()})  # fmt: skip
     states = server_states(backend)
     on_host(ROUTER, f"echo 'set server {backend}/{drained} state ready' | socat stdio {SOCKET}")
     assert run.status == "successful", run.failure_text()
     return {"run": run, "routed": routed, "backend": backend, "drained": drained, "states": states,
             "key": (tmp / "key.pem").read_text()}  # fmt: skip
+
+
+def plans(run: Run) -> dict[str, Any]:
+    """Each l4 host's d3_host_plan as the converge set it (the d3 role's set_fact)."""
+    out = {}
+    for event in run.events:
+        data = event.get("event_data", {})
+        facts = (data.get("res") or {}).get("ansible_facts") or {}
+        if event.get("event") == "runner_on_ok" and "d3_host_plan" in facts:
+            out[data["host"]] = facts["d3_host_plan"]
+    assert out, "the converge published no d3_host_plan"
+    return out
 
 
 def https(base: str) -> str:

@@ -48,6 +48,7 @@ def test_the_demo_ends_with_its_next_steps_and_the_readme_shows_them() -> None:
     assert {"nightly-next", "nightly"} == {c.rsplit(":", 1)[1] for c in steps if "rollout.yml" in c}
     demo = re.search(r"^demo: venv\n(?:\t.*\n)+", (ROOT / "Makefile").read_text(), flags=re.M)
     assert demo and "cat examples/demo-next-steps.sh" in demo.group(0).splitlines()[-1]
+    assert "demo: export ANSIBLE_STDOUT_CALLBACK ?= d3fleet.fleet.fleet" in (ROOT / "Makefile").read_text()
 
 
 def test_the_request_file_is_the_contract_request() -> None:

@@ -19,6 +19,7 @@ help:
 	@echo "make lab-images / lab-tests / molecule   the lab's images / pytest -m lab / molecule test --all"
 	@echo "make mutation  mutmut on the collection's filters and modules: score per file, survivors (tools/mutation.py --only FILES)"
 	@echo "make bench INVENTORY=... [LIMIT=host] [BENCH_OUT=bench]   decision suite + load: tables, BENCH_OUT/report.json, plots"
+	@echo "make bench-compare OLD=a/report.json NEW=b/report.json   one table and plot of the differences, flagged beyond their intervals"
 
 $(VENV)/.installed: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -101,6 +102,11 @@ molecule-run: venv
 BENCH_OUT ?= bench
 bench: venv
 	ansible-playbook playbooks/bench.yml -i $(INVENTORY) $(if $(LIMIT),-l $(LIMIT)) -e d3_bench_output=$(BENCH_OUT)/report.json
+
+# Two bench reports (e.g. yesterday's nightly, today's) into one table and a plot of the differences (docs/bench.md).
+.PHONY: bench-compare
+bench-compare: venv
+	$(BIN)/python tools/bench_compare.py $(OLD) $(NEW) --plot $(dir $(NEW))bench-compare.png
 
 # The whole suite. The rollout tests need 3 lab hosts.
 TEST_LAB_HOSTS ?= 3

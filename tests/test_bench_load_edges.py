@@ -202,9 +202,9 @@ def test_latency_pass_counts_errors_and_questions(scripted: type[Scripted]) -> N
     out = bench_load.latency_pass(scripted("u", 1.0, None), "/p", "m", reqs, 2)
     assert out == {
         "q2": {"questions": 2, "samples_ms": [12.3], "errors": 1, "n": 1, "mean": 12.3, "min": 12.3, "p50": 12.3,
-               "p95": 12.3, "p99": 12.3, "max": 12.3},
+               "p95": 12.3, "p99": 12.3, "max": 12.3, "unsupported": ["p50", "p95", "p99"]},
         "none": {"questions": 0, "samples_ms": [12.3], "errors": 1, "n": 1, "mean": 12.3, "min": 12.3, "p50": 12.3,
-                 "p95": 12.3, "p99": 12.3, "max": 12.3},
+                 "p95": 12.3, "p99": 12.3, "max": 12.3, "unsupported": ["p50", "p95", "p99"]},
     }
     assert bench_load.latency_pass(scripted("u", 1.0, None), "/p", "m", reqs[:1], 0)["q2"]["n"] == 0
 
@@ -218,6 +218,13 @@ class Clock:
         self.now = 0.0
         self.main_now: float | None = None
         self.main_reads = 0
+        self.slept: list[float] = []
+
+    def time(self) -> float:  # the wall clock: epoch seconds, 1.7e9 at the fake clock's start
+        return 1.7e9 + self.now
+
+    def sleep(self, seconds: float) -> None:  # the level's threads start at once on the fake clock
+        self.slept.append(round(seconds, 6))
 
     def perf_counter(self) -> float:
         if threading.current_thread() is threading.main_thread():
@@ -270,7 +277,8 @@ def test_a_level_runs_until_the_deadline(timed: type[Timed]) -> None:
     # calls at 0, .25, .5, .75 (each .25 s): the 4th ends at the deadline; the latencies are 20 and 40 ms
     assert row == {"requests": 4, "errors": 2, "error_examples": ["ConnectionResetError: x", "HTTP 500: dead"],
                    "elapsed_s": 1.3, "requests_per_s": 1.54, "_ok": 2, "n": 2, "mean": 30.0, "min": 20.0, "p50": 30.0,
-                   "p95": 39.0, "p99": 39.8, "max": 40.0}
+                   "p95": 39.0, "p99": 39.8, "max": 40.0,
+                   "unsupported": ["p95", "p99"]}
     assert timed.CALLS[0] == ("new", "http://t", 60.0, "k") and timed.CALLS[-1] == ("close", "http://t")
     assert timed.seen_threads == {("d3-bench-0", True)}
 
@@ -316,7 +324,8 @@ def params(**over: Any) -> dict[str, Any]:
     base = {"api_key": None, "timeout": 7.0, "path": "/p", "cases": [{"id": "c", "body": {"state": "s"}}],
             "latency_requests": [{"label": "q2", "body": {"questions": {"a": 1, "b": 1}}},
                                  {"label": "q4", "body": {"questions": {"a": 1, "b": 1, "c": 1, "d": 1}}}],
-            "load_request": "q4", "warmup": 2, "samples": 1, "concurrency": [1, 2], "duration_s": 1.0, "max_requests": 0}
+            "load_request": "q4", "warmup": 2, "samples": 1, "concurrency": [1, 2], "duration_s": 1.0, "max_requests": 0,
+            "request_rates": [], "load_targets": [], "seed": 0, "slo_ms": 0.0, "metrics_path": ""}
     return {**base, **over}
 
 
@@ -362,14 +371,15 @@ def test_questions_per_s_is_rounded_to_2_places(timed: type[Timed], monkeypatch:
     out = bench_load.bench_target(params(concurrency=[5]), {"name": "n", "url": "u", "model": "m"})
     # 2 requests of 4 questions in 1.3 s
     assert out["throughput"] == [{"concurrency": 5, "questions": 4, "requests": 3, "errors": 1, "elapsed_s": 1.3,
-                                  "questions_per_s": 6.15}]
+                                  "requests_per_s": 0.0, "questions_per_s": 0.0, "good": None, "goodput_per_s": None,
+                                  "input_tokens_per_s": None, "metrics": {}}]
 
 
 def test_an_unhealthy_target_is_closed_and_skipped(timed: type[Timed]) -> None:
     timed.SCRIPT = {("GET", "/health"): [(-1, b"refused")]}
     out = bench_load.bench_target(params(), {"name": "n", "url": "http://u", "model": "m"})
     assert out == {"name": "n", "url": "http://u", "model": "m", "health": -1, "version": "", "cases": [], "latency": {},
-                   "throughput": []}
+                   "throughput": [], "rate": [], "records": []}
     assert timed.CALLS == [("new", "http://u", 7.0, None), ("GET", "/health", None), ("close", "http://u")]
 
 
@@ -425,7 +435,8 @@ def test_module_refuses_bad_settings(capsys: pytest.CaptureFixture[str], bad: di
     out = run_module(bench_load, capsys, targets=[{"name": "a", "url": "u", "model": "m"}], **bad)
     conc = bad.get("concurrency", [1, 4, 16])
     assert out["failed"] is True
-    assert out["msg"] == f"concurrency levels must be >= 1 (got {conc}), samples >= 0 and duration_s > 0"
+    assert out["msg"] == (f"concurrency levels must be >= 1 (got {conc}), request_rates > 0 (got []), samples >= 0, "
+                          "duration_s > 0 and slo_ms >= 0")
 
 
 def test_module_accepts_the_edges_of_the_settings(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,6 @@ module's arguments, check mode and a missing matplotlib. The figures are read ba
 
 from __future__ import annotations
 
-import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,8 @@ from testkit import run_module  # noqa: E402
 
 plt = pytest.importorskip("matplotlib.pyplot")
 from matplotlib.colors import to_rgba  # noqa: E402
-from matplotlib.markers import MarkerStyle  # noqa: E402
 
 SIM = "SIMULATED (lab stand-in): not a property of D3"
-LAT_TITLE = "Latency vs concurrency per model (4-question requests)"
 
 
 @pytest.fixture
@@ -45,127 +42,142 @@ def thr(c: int, p50: float | None, p99: float) -> dict[str, Any]:
     return {"concurrency": c, "p50": p50, "p99": p99}
 
 
-def marker_vertices(m: str) -> list[list[float]]:
-    style = MarkerStyle(m)
-    return style.get_path().transformed(style.get_transform()).vertices.round(6).tolist()
-
-
-def hollow_star(coll: Any, x: float, y: float, marker: str, label: str) -> None:
-    """A published point: hollow, black-edged, size 120, drawn above the measured ones, with this marker."""
-    assert coll.get_offsets().tolist() == [[x, y]]
-    assert coll.get_label() == label
-    assert coll.get_sizes().tolist() == [120] and coll.get_zorder() == 5
-    assert len(coll.get_facecolors()) == 0 and coll.get_edgecolors().tolist() == [[0.0, 0.0, 0.0, 1.0]]
-    assert coll.get_paths()[0].vertices.round(6).tolist() == marker_vertices(marker)
-
-
-def decorated(fig: Any, ax: Any, title: str, simulated: bool) -> None:
+def finished(fig: Any, title: str, simulated: bool) -> None:
+    """The suptitle (with the SIMULATED mark when simulated), grids, and every legend outside its axes."""
+    marks = [t for t in fig.texts if t is not fig._suptitle]
     if simulated:
-        assert ax.get_title() == f"{title}\n{SIM}" and ax.title.get_color() == "darkred"
-        (mark,) = fig.texts
+        assert fig._suptitle.get_text() == f"{title}\n{SIM}" and fig._suptitle.get_color() == "darkred"
+        (mark,) = marks
         assert (mark.get_text(), mark.get_position(), mark.get_fontsize(), mark.get_color(), mark.get_alpha()) == (
             "SIMULATED", (0.5, 0.5), 54.0, "red", 0.12)
         assert (mark.get_ha(), mark.get_va(), mark.get_rotation()) == ("center", "center", 25.0)
     else:
-        assert ax.get_title() == title and ax.title.get_color() == "black" and fig.texts == []
-    assert ax.title.get_fontsize() == 10.0
-    grid = ax.xaxis.get_gridlines()[0]
-    assert grid.get_visible() and grid.get_alpha() == 0.3 and ax.yaxis.get_gridlines()[0].get_visible()
-    legend = ax.get_legend()
-    assert legend._loc == 0 and {t.get_fontsize() for t in legend.get_texts()} == {7.0}  # loc "best"
-    assert fig.subplotpars.left != 0.125  # tight_layout moved the axes from matplotlib's default
-    assert tuple(fig.get_size_inches()) == (8.0, 5.0) and fig.dpi == 110
+        assert fig._suptitle.get_text() == title and fig._suptitle.get_color() == "black" and marks == []
+    assert fig._suptitle.get_fontsize() == 10.0
+    for ax in fig.axes:
+        grid = ax.xaxis.get_gridlines()[0]
+        assert grid.get_visible() and grid.get_alpha() == 0.3
+        legend = ax.get_legend()
+        if legend is not None:  # outside the axes, on the right
+            assert legend._loc == 2 and legend.get_bbox_to_anchor()._bbox.x0 == pytest.approx(1.02)
+            assert {t.get_fontsize() for t in legend.get_texts()} == {7.0}
 
 
 PUBLISHED = {
     "source": "field report",
-    "latency": [{"config": "cfg A", "q4_ms": 490}, {"config": "cfg B", "q2_ms": 240}, {"config": "cfg C", "q4_ms": 470}],
+    "latency": [{"config": "cfg A", "q4_ms": 490}, {"config": "cfg B", "q2_ms": 240}],
     "accuracy": [{"model": "qw", "correct": 19, "total": 19, "q4_ms": 170}, {"model": "d3", "correct": 17, "total": 20, "q4_ms": 215}],
 }
 
 
-# --------------------------------------------------------------------------------------------- latency vs concurrency
-def test_latency_vs_concurrency_draws_p50_and_p99_per_instance(figures: list[Any], tmp_path: Path) -> None:
+def test_latency_vs_concurrency_shows_only_the_measured_levels_and_a_supported_p99(figures: list[Any], tmp_path: Path) -> None:
     report = {"simulated": False, "instances": [
-        inst("big", throughput=[thr(16, 900.0, 1500.0), thr(1, 470.0, 520.0), thr(4, None, 0.0), thr(4, 600.0, 800.0)]),
-        inst("idle", throughput=[thr(1, None, 1.0)]),  # no p50 at any level: not drawn
+        inst("big", throughput=[thr(16, 900.0, 1500.0) | {"n": 150}, thr(1, 470.0, 520.0) | {"n": 20},
+                                thr(4, None, 0.0), thr(4, 600.0, 800.0) | {"n": 100}]),
+        inst("idle", throughput=[thr(1, None, 1.0)]),
         inst("none"),
+        inst("down", health=503, throughput=[thr(64, 1.0, 1.0)]),
         inst("small", throughput=[thr(2, 100.0, 150.0)]),
     ]}
     path = tmp_path / "l.png"
     bench_plot.latency_vs_concurrency(report, PUBLISHED, str(path))
     (fig,) = figures
     (ax,) = fig.axes
-    lines = ax.get_lines()
-    assert [(ln.get_label(), ln.get_xdata().tolist(), ln.get_ydata().tolist()) for ln in lines] == [
+    assert [(ln.get_label(), ln.get_xdata().tolist(), ln.get_ydata().tolist()) for ln in ax.get_lines()] == [
         ("h1/big (d3-big) p50", [1, 4, 16], [470.0, 600.0, 900.0]),
-        ("h1/big (d3-big) p99", [1, 4, 16], [520.0, 800.0, 1500.0]),
+        ("h1/big (d3-big) p99 (n >= 100)", [4, 16], [800.0, 1500.0]),  # n = 20 at concurrency 1: no p99
         ("h1/small (d3-small) p50", [2], [100.0]),
-        ("h1/small (d3-small) p99", [2], [150.0]),
     ]
-    for p50, p99 in (lines[0:2], lines[2:4]):
-        assert (p50.get_marker(), p50.get_linestyle(), p50.get_alpha()) == ("o", "-", None)
-        assert (p99.get_marker(), p99.get_linestyle(), p99.get_alpha()) == ("None", "--", 0.6)
-        assert to_rgba(p99.get_color()) == to_rgba(p50.get_color())
-    assert to_rgba(lines[0].get_color()) != to_rgba(lines[2].get_color())
-    # the published latencies with a 4-question figure, then the published accuracy rows', at concurrency 1
-    stars = ax.collections
-    assert len(stars) == 4
-    for coll, (what, ms), m in zip(stars, (("cfg A", 490), ("cfg C", 470), ("qw", 170), ("d3", 215)), "*PXD", strict=True):
-        hollow_star(coll, 1, ms, m, f"published (field report), one at a time: {what}, {ms} ms")
-    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
-    assert ax.get_xlabel() == "concurrency (requests in flight)" and ax.get_ylabel() == "4-question request latency (ms)"
-    decorated(fig, ax, LAT_TITLE, simulated=False)
+    p50, p99, small = ax.get_lines()
+    assert (p99.get_linestyle(), p99.get_alpha(), to_rgba(p99.get_color())) == ("--", 0.6, to_rgba(p50.get_color()))
+    assert to_rgba(small.get_color()) != to_rgba(p50.get_color())
+    assert len(ax.collections) == 0  # no published point: they are one-at-a-time figures (the one-at-a-time plot)
+    assert ax.get_xscale() == "log" and [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "16"]
+    assert ax.get_xticks().tolist() == [1, 2, 4, 16]
+    finished(fig, "Latency vs concurrency per instance (4-question requests)", simulated=False)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert struct.unpack(">II", path.read_bytes()[16:24]) == (880, 550)  # 8 x 5 in at 110 dpi
 
 
-def test_latency_markers_cycle_and_the_source_defaults(figures: list[Any], tmp_path: Path) -> None:
-    published = {"latency": [{"config": f"c{n}", "q4_ms": 100 + n} for n in range(10)]}
-    report = {"simulated": True, "instances": [inst("x", throughput=[thr(1, 5.0, 6.0)])]}
-    bench_plot.latency_vs_concurrency(report, published, str(tmp_path / "l.svg"))
+def test_latency_vs_concurrency_without_load(figures: list[Any], tmp_path: Path) -> None:
+    bench_plot.latency_vs_concurrency({"simulated": True, "instances": [inst("x")]}, {}, str(tmp_path / "l.svg"))
     (fig,) = figures
-    ax = fig.axes[0]
-    assert len(ax.collections) == 10
-    for n, coll in enumerate(ax.collections):
-        hollow_star(coll, 1, 100 + n, "*PXD^vso"[n % 8], f"published (published), one at a time: c{n}, {100 + n} ms")
-    decorated(fig, ax, LAT_TITLE, simulated=True)
+    assert fig.axes[0].get_lines() == [] and fig.axes[0].get_xscale() == "linear"
+    finished(fig, "Latency vs concurrency per instance (4-question requests)", simulated=True)
     assert (tmp_path / "l.svg").read_text().startswith("<?xml")
 
 
-# --------------------------------------------------------------------------------------------- accuracy vs latency
-def test_accuracy_vs_latency_one_point_per_instance(figures: list[Any], tmp_path: Path) -> None:
-    report = {"simulated": True, "suite": {"name": "tickets", "questions": 24}, "instances": [
-        inst("big", latency={"q4": {"p50": 470.0}}, score={"accuracy": 0.75, "correct": 18, "total": 24}),
-        inst("slow", latency={"q4": {"p50": None}}, score={"accuracy": 0.5, "correct": 12, "total": 24}),
-        inst("unscored", latency={"q4": {"p50": 300.0}}, score={"accuracy": None, "correct": 0, "total": 0}),
+def test_one_at_a_time_puts_the_published_configs_beside_the_measured(figures: list[Any], tmp_path: Path) -> None:
+    report = {"simulated": True, "instances": [inst("big", latency={"q2": {"p50": 240.0}, "q4": {"p50": 470.0}}), inst("bare")]}
+    bench_plot.one_at_a_time(report, PUBLISHED, str(tmp_path / "o.png"))
+    (fig,) = figures
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "h1/big (d3-big)", "h1/bare (d3-bare)", "cfg A [published: field report]", "cfg B [published: field report]"]
+    q2, q4 = ax.containers
+    assert [round(b.get_width()) for b in q2] == [240, 0, 0, 240] and [round(b.get_width()) for b in q4] == [470, 0, 490, 0]
+    assert [b.get_hatch() for b in q4] == [None, None, "//", "//"] and q4[2].get_alpha() == 0.5
+    assert [b.get_y() + b.get_height() / 2 for b in q2] == pytest.approx([-0.2, 0.8, 1.8, 2.8])
+    assert ax.yaxis_inverted()
+    finished(fig, "One request at a time: measured p50 and the published configurations", simulated=True)
+
+
+def test_accuracy_each_against_its_own_suite_with_intervals(figures: list[Any], tmp_path: Path) -> None:
+    report = {"simulated": False, "suite": {"name": "tickets", "questions": 26}, "instances": [
+        inst("big", latency={"q4": {"p50": 470.0}}, score={"correct": 17, "total": 26, "interval": [0.462, 0.806]}),
+        inst("slow", latency={"q4": {"p50": None}}, score={"correct": 12, "total": 26}),
+        inst("unscored", latency={"q4": {"p50": 300.0}}, score={"correct": 0, "total": 0}),
         inst("bare"),
-        inst("zero", latency={"q4": {"p50": 90.0}}, score={"accuracy": 0.0, "correct": 0, "total": 24}),
+        inst("zero", latency={"q4": {"p50": 90.0}}, score={"correct": 0, "total": 26}),
     ]}
     bench_plot.accuracy_vs_latency(report, PUBLISHED, str(tmp_path / "a.png"))
     (fig,) = figures
+    ax, pub = fig.axes
+    big, zero = ax.containers
+    assert big.lines[0].get_xydata().tolist() == [[470.0, pytest.approx(17 / 26)]]
+    assert big.get_label() == "h1/big (d3-big): 17/26" and zero.get_label() == "h1/zero (d3-zero): 0/26"
+    seg = big.lines[2][0].get_segments()[0].tolist()
+    assert seg == [[470.0, pytest.approx(0.462)], [470.0, pytest.approx(0.806)]]
+    zero_seg = zero.lines[2][0].get_segments()[0].tolist()  # computed when the report has no interval
+    assert zero_seg == [[90.0, 0.0], [90.0, pytest.approx(0.1287, abs=1e-4)]]
+    qw, d3 = pub.containers
+    assert qw.get_label() == "qw 19/19" and d3.lines[0].get_xydata().tolist() == [[215.0, 0.85]]
+    assert d3.lines[2][0].get_segments()[0].tolist() == [[215, pytest.approx(0.6396, abs=1e-4)], [215, pytest.approx(0.9476, abs=1e-4)]]
+    assert ax.get_title() == "measured: suite tickets, 26 questions"
+    assert pub.get_title() == "published (field report): its own questions, another suite"
+    assert ax.get_ylim() == (-0.02, 1.05) and ax.get_ylabel() == "accuracy [95 % Wilson interval]"
+    finished(fig, "Accuracy vs 4-question latency, each against its own suite", simulated=False)
+
+
+def test_reliability_bins_against_the_diagonal(figures: list[Any], tmp_path: Path) -> None:
+    bins = [{"confidence": 0.5, "accuracy": 0.4, "interval": [0.2, 0.6], "n": 10}, {"confidence": 0.9, "accuracy": 1.0,
+                                                                                   "interval": [0.7, 1.0], "n": 6}]
+    report = {"simulated": True, "instances": [inst("a", score={"reliability": {"confidence": bins}}), inst("b")]}
+    bench_plot.reliability(report, {}, str(tmp_path / "r.png"))
+    (fig,) = figures
     (ax,) = fig.axes
-    big, zero, *stars = ax.collections
-    for coll, xy, label in ((big, [470.0, 0.75], "h1/big (d3-big): 18/24"), (zero, [90.0, 0.0], "h1/zero (d3-zero): 0/24")):
-        assert coll.get_offsets().tolist() == [xy] and coll.get_label() == label
-        assert coll.get_sizes().tolist() == [50] and len(coll.get_facecolors()) == 1 and coll.get_zorder() == 1
-        assert coll.get_paths()[0].vertices.round(6).tolist() == marker_vertices("o")
-    assert len(stars) == 2
-    hollow_star(stars[0], 170, 1.0, "*", "published (field report, its own 19 questions): qw 19/19")
-    hollow_star(stars[1], 215, 0.85, "P", "published (field report, its own 20 questions): d3 17/20")
-    assert ax.get_xlabel() == "4-question latency, p50, one request at a time (ms)"
-    assert ax.get_ylabel() == "accuracy on the suite" and ax.get_ylim() == (-0.02, 1.05)
-    decorated(fig, ax, "Accuracy vs 4-question latency (suite tickets, 24 questions)", simulated=True)
+    diagonal = ax.get_lines()[0]
+    assert diagonal.get_xydata().tolist() == [[0, 0], [1, 1]] and diagonal.get_label() == "perfect calibration"
+    (bars,) = ax.containers
+    assert bars.get_label() == "h1/a (d3-a) (n=16)" and bars.lines[0].get_xydata().tolist() == [[0.5, 0.4], [0.9, 1.0]]
+    assert [s.tolist() for s in bars.lines[2][0].get_segments()] == [[[0.5, 0.2], [0.5, 0.6]], [[0.9, 0.7], [0.9, 1.0]]]
+    assert ax.get_xlim() == (0, 1.02) and ax.get_ylim() == (-0.02, 1.05)
+    finished(fig, "Reliability: confidence against observed accuracy", simulated=True)
 
 
-def test_accuracy_vs_latency_of_an_empty_report(figures: list[Any], tmp_path: Path) -> None:
-    published = {"accuracy": [{"model": f"m{n}", "correct": n, "total": 10, "q4_ms": n} for n in range(9)]}
-    bench_plot.accuracy_vs_latency({}, published, str(tmp_path / "a.png"))
-    ax = figures[0].axes[0]
-    for n, coll in enumerate(ax.collections):
-        hollow_star(coll, n, n / 10, "*PXD^vso"[n % 8], f"published (published, its own 10 questions): m{n} {n}/10")
-    decorated(figures[0], ax, "Accuracy vs 4-question latency (suite None, None questions)", simulated=False)
-    assert ax.get_ylim() == (-0.02, 1.05)  # the full scale, though no point is above 0.8
+def test_load_open_loop_against_the_closed_loop(figures: list[Any], tmp_path: Path) -> None:
+    rate = [{"offered_per_s": 60.0, "p50": 900.0, "goodput_per_s": 5.0}, {"offered_per_s": 4.0, "p50": 80.0, "goodput_per_s": 4.0}]
+    closed = [{"concurrency": 4, "requests_per_s": 30.0, "p50": 120.0, "goodput_per_s": 30.0}, {"concurrency": 1, "p50": None}]
+    report = {"simulated": False, "settings": {"slo_ms": 250}, "instances": [inst("m", rate=rate, throughput=closed), inst("x")]}
+    bench_plot.load(report, {}, str(tmp_path / "load.png"))
+    (fig,) = figures
+    lat, good = fig.axes
+    assert lat.get_lines()[0].get_xydata().tolist() == [[4.0, 80.0], [60.0, 900.0]]
+    assert good.get_lines()[0].get_xydata().tolist() == [[4.0, 4.0], [60.0, 5.0]]
+    assert good.get_lines()[1].get_xydata().tolist() == [[4.0, 4.0], [60.0, 60.0]]  # the offered rate
+    assert lat.collections[0].get_offsets().tolist() == [[30.0, 120.0]] and good.collections[0].get_offsets().tolist() == [[30.0, 30.0]]
+    assert lat.collections[0].get_label() == "h1/m (d3-m) closed loop c=4"
+    assert good.get_ylabel() == "goodput: answers within 250 ms per s" and lat.get_yscale() == "log"
+    finished(fig, "Open loop (Poisson arrivals) against the closed loop", simulated=False)
 
 
 # --------------------------------------------------------------------------------------------- the module
@@ -174,16 +186,18 @@ REPORT = {"simulated": False, "suite": {"name": "s", "questions": 1},
                              score={"accuracy": 1.0, "correct": 1, "total": 1})]}
 
 
-def test_module_writes_both_plots_into_a_new_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_module_writes_the_plots_into_a_new_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     dest = tmp_path / "out" / "plots"
     out = run_module(bench_plot, capsys, report=REPORT, dest=str(dest))
-    paths = [str(dest / "bench-latency-vs-concurrency.png"), str(dest / "bench-accuracy-vs-latency.png")]
+    names = ["latency-vs-concurrency", "one-at-a-time", "accuracy-vs-latency", "reliability"]  # no open loop: no load plot
+    paths = [str(dest / f"bench-{n}.png") for n in names]
     assert out["changed"] is True and out["plots"] == paths
-    assert sorted(p.name for p in dest.iterdir()) == ["bench-accuracy-vs-latency.png", "bench-latency-vs-concurrency.png"]
+    assert sorted(p.name for p in dest.iterdir()) == sorted(f"bench-{n}.png" for n in names)
     assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in paths)
-    # again into the existing directory, as SVG with another prefix and published figures
-    out = run_module(bench_plot, capsys, report=REPORT, dest=str(dest), format="svg", prefix="lab", published=PUBLISHED)
-    assert out["plots"] == [str(dest / "lab-latency-vs-concurrency.svg"), str(dest / "lab-accuracy-vs-latency.svg")]
+    # again into the existing directory, as SVG with another prefix, published figures and an open-loop pass
+    with_rate = {**REPORT, "instances": [{**REPORT["instances"][0], "rate": [{"offered_per_s": 1.0, "p50": 5.0}]}]}
+    out = run_module(bench_plot, capsys, report=with_rate, dest=str(dest), format="svg", prefix="lab", published=PUBLISHED)
+    assert out["plots"] == [str(dest / f"lab-{n}.svg") for n in [*names, "load"]]
     assert all(Path(p).read_text().startswith("<?xml") for p in out["plots"])
     assert plt.get_fignums() == []  # every figure closed
 
@@ -197,7 +211,8 @@ def test_module_dest_is_a_path(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 def test_module_check_mode_writes_nothing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = run_module(bench_plot, capsys, report=REPORT, dest=str(tmp_path / "p"), _ansible_check_mode=True)
     assert out["changed"] is True
-    assert out["plots"] == [str(tmp_path / "p" / "bench-latency-vs-concurrency.png"), str(tmp_path / "p" / "bench-accuracy-vs-latency.png")]
+    assert out["plots"] == [str(tmp_path / "p" / f"bench-{n}.png") for n in ("latency-vs-concurrency", "one-at-a-time",
+                                                                             "accuracy-vs-latency", "reliability")]
     assert not (tmp_path / "p").exists()
 
 

@@ -74,16 +74,18 @@ def test_summary_is_ordered_and_rounded() -> None:
     s = summary([5.04, 1.0, 3.0, 100.0])
     assert s["n"] == 4 and s["min"] == 1.0 and s["max"] == 100.0 and s["mean"] == 27.3
     assert s["min"] <= s["p50"] <= s["p95"] <= s["p99"] <= s["max"]
-    assert summary([]) == {"n": 0, "mean": None, "min": None, "p50": None, "p95": None, "p99": None, "max": None}
+    assert summary([]) == {"n": 0, "mean": None, "min": None, "p50": None, "p95": None, "p99": None, "max": None,
+                           "unsupported": ["p50", "p95", "p99"]}
     # 0..100: each percentile is its own rank, so p50, p95 and p99 are those percentiles, not neighbours
     assert summary([float(v) for v in range(101)]) == {"n": 101, "mean": 50.0, "min": 0.0, "p50": 50.0, "p95": 95.0,
-                                                      "p99": 99.0, "max": 100.0}
+                                                      "p99": 99.0, "max": 100.0, "unsupported": []}
 
 
 def test_filter_plugin_exports() -> None:
     # score_cases is d3_bench_report's scoring and the percentile is bench_load's (module_utils): neither is a filter
     assert b.FilterModule().filters() == {"d3_bench_requests": b.bench_requests, "d3_bench_targets": b.bench_targets,
-                                          "d3_bench_report": b.bench_report, "d3_bench_table": b.bench_table}
+                                          "d3_bench_report": b.bench_report, "d3_bench_records": b.bench_records,
+                                          "d3_bench_table": b.bench_table}
 
 
 # --------------------------------------------------------------------------------------------- the suite
@@ -138,15 +140,26 @@ def test_targets_from_the_plan() -> None:
 
 # --------------------------------------------------------------------------------------------- scoring
 def test_judge_choice_noul_and_score() -> None:
+    # choice: the multi-class Brier over both options, (0.8 - 1)^2 + 0.2^2
     assert b.judge(TEAM, "billing", choice("billing", {"billing": 0.8, "shipping": 0.2})) == {
-        "given": "billing", "correct": True, "confidence": 0.8}
-    assert b.judge(TEAM, "shipping", choice("billing", {"billing": 0.8, "shipping": 0.2}))["correct"] is False
-    assert b.judge(URGENT, True, noul(0.5)) == {"given": True, "correct": True, "confidence": 0.5}
-    assert b.judge(URGENT, False, noul(0.3)) == {"given": False, "correct": True, "confidence": pytest.approx(0.7)}
+        "given": "billing", "correct": True, "confidence": 0.8, "api_confidence": 0.784, "proper": pytest.approx(0.08)}
+    wrong = b.judge(TEAM, "shipping", choice("billing", {"billing": 0.8, "shipping": 0.2}))
+    assert wrong["correct"] is False and wrong["proper"] == pytest.approx(0.8**2 + 0.8**2)
+    assert b.judge(URGENT, True, noul(0.5)) == {"given": True, "correct": True, "confidence": 0.5, "api_confidence": None,
+                                                "proper": 0.25}
+    assert b.judge(URGENT, False, noul(0.3)) == {"given": False, "correct": True, "confidence": pytest.approx(0.7),
+                                                 "api_confidence": None, "proper": pytest.approx(0.09)}
     assert b.judge(URGENT, True, noul(0.49))["correct"] is False
-    # within half a level of "annoyed" (index 1): 0.5 .. 1.5 inclusive
-    for s, right in ((0.5, True), (1.5, True), (0.49, False), (1.51, False), (1.0, True)):
-        assert b.judge(TONE, "annoyed", score(s, [0.2, 0.5, 0.3]))["correct"] is right, s
+    # one rule for the level given (the nearest to the score, a tie to the higher): correctness and confidence agree
+    for s, given, right in ((0.5, "annoyed", True), (1.49, "annoyed", True), (1.5, "furious", False), (0.49, "calm", False)):
+        verdict = b.judge(TONE, "annoyed", score(s, [0.2, 0.5, 0.3]))
+        assert (verdict["given"], verdict["correct"]) == (given, right), s
+        assert verdict["confidence"] == {"calm": 0.2, "annoyed": 0.5, "furious": 0.3}[given]
+    # the case: {0.45, 0.1, 0.45} has the expected value 1: given "annoyed", right, with confidence 0.1
+    spread = b.judge(TONE, "annoyed", score(1.0, [0.45, 0.1, 0.45]))
+    assert (spread["given"], spread["correct"], spread["confidence"]) == ("annoyed", True, 0.1)
+    # RPS: cumulative (0.45, 0.55) against (0, 1): (0.45^2 + 0.45^2) / 2
+    assert spread["proper"] == pytest.approx(0.2025)
     verdict = b.judge(TONE, "furious", score(1.6, [0.1, 0.2, 0.7]))
     assert verdict["given"] == "furious" and verdict["confidence"] == 0.7 and verdict["correct"] is True
 
@@ -154,14 +167,15 @@ def test_judge_choice_noul_and_score() -> None:
 def test_judge_malformed_answers_are_wrong_without_confidence() -> None:
     for q, want, ans in ((TEAM, "billing", None), (TEAM, "billing", {"type": "choice"}), (URGENT, True, {"noul": "yes"}),
                          (TONE, "calm", {"score": float("nan")}), (URGENT, True, {"noul": True})):
-        assert b.judge(q, want, ans) == {"given": None, "correct": False, "confidence": None}
+        assert b.judge(q, want, ans) == {"given": None, "correct": False, "confidence": None, "api_confidence": None,
+                                         "proper": None}
 
 
 def recorded(a_answers: dict[str, Any] | None, b_answers: dict[str, Any] | None, b_status: int = 200) -> list[dict[str, Any]]:
     return [{"id": "a", "status": 200, "answers": a_answers}, {"id": "b", "status": b_status, "answers": b_answers}]
 
 
-def test_score_cases_accuracy_brier_and_confidence() -> None:
+def test_score_cases_accuracy_intervals_and_calibration() -> None:
     cases = recorded(
         {"team": choice("billing", {"billing": 0.9, "shipping": 0.1}), "urgent": noul(0.2), "tone": score(1.2, [0.1, 0.6, 0.3])},
         {"late": noul(0.8), "team": choice("billing", {"billing": 0.6, "shipping": 0.4})},
@@ -169,20 +183,42 @@ def test_score_cases_accuracy_brier_and_confidence() -> None:
     s = b.score_cases(cases, SUITE)
     # right: team (0.9), tone (0.6), late (0.8); wrong: urgent (conf 0.8), team in b (0.6)
     assert (s["correct"], s["total"], s["accuracy"]) == (3, 5, 0.6)
-    assert s["by_type"] == {"choice": {"correct": 1, "total": 2}, "noul": {"correct": 1, "total": 2}, "score": {"correct": 1, "total": 1}}
-    brier = ((0.9 - 1) ** 2 + 0.8**2 + (0.6 - 1) ** 2 + (0.8 - 1) ** 2 + 0.6**2) / 5
-    assert s["brier"] == pytest.approx(brier, abs=1e-4)
-    assert s["confidence_right"] == pytest.approx((0.9 + 0.6 + 0.8) / 3, abs=1e-4)
-    assert s["confidence_wrong"] == pytest.approx((0.8 + 0.6) / 2, abs=1e-4)
+    assert s["interval"] == [0.2307, 0.8824]  # Wilson 95 % of 3/5
+    assert s["by_type"] == {"choice": {"correct": 1, "total": 2, "accuracy": 0.5, "interval": [0.0945, 0.9055]},
+                            "noul": {"correct": 1, "total": 2, "accuracy": 0.5, "interval": [0.0945, 0.9055]},
+                            "score": {"correct": 1, "total": 1, "accuracy": 1.0, "interval": [0.2065, 1.0]}}
+    assert s["by_tag"] == {}  # no case carries a tag
+    # choice: multi-class Brier (0.1^2 + 0.1^2) and (0.6^2 + 0.6^2); noul: (0.2 - 1)^2 and (0.8 - 1)^2; score: RPS
+    assert s["calibration"] == {"choice": {"rule": "brier", "value": pytest.approx((0.02 + 0.72) / 2, abs=1e-4), "n": 2},
+                                "noul": {"rule": "brier", "value": pytest.approx((0.64 + 0.04) / 2, abs=1e-4), "n": 2},
+                                "score": {"rule": "rps", "value": pytest.approx((0.1**2 + 0.3**2) / 2, abs=1e-4), "n": 1}}
+    conf = s["confidence"]["confidence"]
+    assert conf["right"] == pytest.approx((0.9 + 0.6 + 0.8) / 3, abs=1e-4)
+    assert conf["wrong"] == pytest.approx((0.8 + 0.6) / 2, abs=1e-4) and (conf["n_right"], conf["n_wrong"]) == (3, 2)
+    # the API's own confidence (top probability x label mass 0.98 in these answers)
+    assert s["confidence"]["api_confidence"]["right"] == pytest.approx(0.98 * 0.9, abs=1e-4)
     assert s["unanswered"] == 0 and s["failed_requests"] == 0
     assert [(r["case"], r["question"], r["correct"]) for r in s["questions"]] == [
         ("a", "team", True), ("a", "urgent", False), ("a", "tone", True), ("b", "late", True), ("b", "team", False)]
+    # reliability: 0.6 (tone right, team wrong) in 0.6-0.8; 0.8 (late right, urgent wrong) and 0.9 (team right) in 0.8-1.0
+    assert [(r["low"], r["n"], r["accuracy"]) for r in s["reliability"]["confidence"]] == [(0.6, 2, 0.5), (0.8, 3, 0.6667)]
+
+
+def test_per_tag_accuracy_and_untagged() -> None:
+    suite = copy.deepcopy(SUITE)
+    suite["cases"][1]["tags"] = ["trick"]
+    s = b.score_cases(recorded({"team": choice("billing", {"billing": 1.0, "shipping": 0.0})},
+                               {"late": noul(0.1), "team": choice("shipping", {"billing": 0.4, "shipping": 0.6})}), suite)
+    assert s["by_tag"]["trick"]["correct"] == 1 and s["by_tag"]["trick"]["total"] == 2
+    assert s["by_tag"]["untagged"]["correct"] == 1 and s["by_tag"]["untagged"]["total"] == 3
 
 
 def test_a_failed_request_counts_its_questions_as_wrong() -> None:
     s = b.score_cases(recorded({"team": choice("billing", {"billing": 1.0, "shipping": 0.0})}, None, b_status=500), SUITE)
     assert (s["correct"], s["total"], s["failed_requests"], s["unanswered"]) == (1, 5, 1, 4)
-    assert s["brier"] == 0.0 and s["confidence_wrong"] is None
+    assert s["calibration"]["choice"] == {"rule": "brier", "value": 0.0, "n": 1}
+    assert s["calibration"]["noul"] == {"rule": "brier", "value": None, "n": 0}
+    assert s["confidence"]["confidence"]["wrong"] is None
     assert b.score_cases([], SUITE)["failed_requests"] == 2
 
 
@@ -234,18 +270,25 @@ def test_report_simulated_follows_the_servers_or_the_override() -> None:
 
 
 def test_table_is_laid_out_like_the_field_report_with_published_rows() -> None:
-    report = b.bench_report([host_record()], SUITE, {"d3": {"decision_index": 66.26}}, {"duration_s": 1}, ["+d3sim"], None)
+    report = b.bench_report([host_record()], SUITE, {"d3": {"decision_index": 66.26}}, {"duration_s": 1, "slo_ms": 500},
+                            ["+d3sim"], None)
     lines = b.bench_table(report, DEFAULTS["d3_bench_published"])
     text = "\n".join(lines)
     assert lines[0].startswith("SIMULATED:")
     assert "Config" in text and "2-question latency" in text and "4-question latency" in text
-    assert any("h1/big (d3) [SIMULATED]" in ln and "240 / 250 / 260 ms" in ln and "470 / 480 / 490 ms" in ln for ln in lines)
-    assert any(ln.startswith("Model") and "Accuracy" in ln and "4q Latency" in ln and "Decision Index" in ln for ln in lines)
-    assert any("d3-27B [published: field report]" in ln and "19/19" in ln and "470ms" in ln and "66.26" in ln for ln in lines)
+    # n = 3: p95 and p99 are not shown as numbers, the rule is
+    assert any("h1/big (d3) [SIMULATED]" in ln and "240 / (p95 needs n>=20) / (p99 needs n>=100) ms, n=3" in ln for ln in lines)
+    assert any(ln.startswith("Model") and "Accuracy" in ln and "4q p50" in ln and "GPUs" in ln and "Decision Index" in ln
+               for ln in lines)
+    # published rows: accuracy with its interval, total GPUs (2 for d3-27B; qw14b's total unknown)
+    assert any("d3-27B [published: field report, its own 19 questions]" in ln and "19/19 = 1.00 [0.83-1.00]" in ln
+               and "470ms" in ln and "  2  " in ln and "66.26" in ln for ln in lines)
+    assert any("qw14b NextToken [published" in ln and "  -  " in ln for ln in lines)
     assert any("d3 27B + expandable_segments [published: field report]" in ln and "~240ms" in ln for ln in lines)
-    assert any("h1/big (d3) [SIMULATED]" in ln and "1/5" in ln and "66.26" in ln for ln in lines)
-    assert any("concurrency 1" in ln and "concurrency 4" in ln for ln in lines)
-    assert any("h1/big" in ln and "8.0 req/s 32 q/s" in ln for ln in lines)
+    assert any("h1/big (d3) [SIMULATED]" in ln and "1/5 = 0.20 [0.04-0.62]" in ln and "66.26" in ln for ln in lines)
+    assert any("choice Brier 0.020 (n=1)" in ln and "p(given) 0.90/-" in ln for ln in lines)
+    assert any(ln.startswith("Instance") and "concurrency" in ln for ln in lines)
+    assert any("h1/big" in ln and "  4  " in ln and "8.0 req/s" in ln for ln in lines)
     assert "NOT BENCHED: h1/qw14b (qw14b NextToken): /health answered -1" in text
     assert sum("h1/qw14b" in ln for ln in lines) == 1  # in no table: it was not benched
 

@@ -174,36 +174,44 @@ def test_targets_keep_a_bracketed_address_and_a_host_name() -> None:
 
 
 # --------------------------------------------------------------------------------------------- scoring
-def test_judge_choice_confidence_falls_back_to_the_answer_and_must_be_a_number() -> None:
-    # no probabilities (or not a mapping): the answer's own confidence
+def test_judge_choice_confidence_is_the_options_probability_and_the_api_confidence_beside_it() -> None:
+    # no probabilities (or not a mapping): no derived confidence and no Brier; the API's confidence is kept apart
     assert b.judge(TEAM, "billing", {"choice": "billing", "confidence": 0.7}) == {
-        "given": "billing", "correct": True, "confidence": 0.7}
+        "given": "billing", "correct": True, "confidence": None, "api_confidence": 0.7, "proper": None}
     assert b.judge(TEAM, "billing", {"choice": "billing", "probabilities": ["x"], "confidence": 0.6}) == {
-        "given": "billing", "correct": True, "confidence": 0.6}
-    # the probability of the option wins over the confidence; a non-number is no confidence
+        "given": "billing", "correct": True, "confidence": None, "api_confidence": 0.6, "proper": None}
+    # the probability of the option given; the Brier over the options listed (a missing class that happened costs 1)
     assert b.judge(TEAM, "billing", {"choice": "billing", "probabilities": {"billing": 0.9}, "confidence": 0.1}) == {
-        "given": "billing", "correct": True, "confidence": 0.9}
-    assert b.judge(TEAM, "shipping", {"choice": "billing", "probabilities": {"billing": "high"}}) == {
-        "given": "billing", "correct": False, "confidence": None}
-    assert b.judge(TEAM, "billing", {"choice": "billing"}) == {"given": "billing", "correct": True, "confidence": None}
+        "given": "billing", "correct": True, "confidence": 0.9, "api_confidence": 0.1, "proper": pytest.approx(0.01)}
+    assert b.judge(TEAM, "shipping", {"choice": "billing", "probabilities": {"billing": "high"}, "confidence": True}) == {
+        "given": "billing", "correct": False, "confidence": None, "api_confidence": None, "proper": None}
+    assert b.judge(TEAM, "shipping", {"choice": "billing", "probabilities": {"billing": 0.9}})["proper"] == pytest.approx(1.81)
+    assert b.judge(TEAM, "billing", {"choice": "billing"}) == {"given": "billing", "correct": True, "confidence": None,
+                                                               "api_confidence": None, "proper": None}
 
 
 def test_judge_score_whole_and_clamped_to_the_levels() -> None:
     probs = {"0": 0.2, "1": 0.5, "2": 0.3}
+    # RPS: cumulative (0.2, 0.7) against the expected level's (0, 1): (0.04 + 0.09) / 2
     assert b.judge(TONE, "annoyed", {"score": 1.2, "probabilities": probs}) == {
-        "given": "annoyed", "score": 1.2, "correct": True, "confidence": 0.5}
+        "given": "annoyed", "score": 1.2, "correct": True, "confidence": 0.5, "api_confidence": None,
+        "proper": pytest.approx(0.065)}
     # below the first level and above the last: the nearest level is the first / the last
     assert b.judge(TONE, "calm", {"score": 0.1, "probabilities": probs}) == {
-        "given": "calm", "score": 0.1, "correct": True, "confidence": 0.2}
-    assert b.judge(TONE, "calm", {"score": -3, "probabilities": probs}) == {
-        "given": "calm", "score": -3, "correct": False, "confidence": 0.2}
+        "given": "calm", "score": 0.1, "correct": True, "confidence": 0.2, "api_confidence": None,
+        "proper": pytest.approx((0.8**2 + 0.3**2) / 2)}
+    assert b.judge(TONE, "annoyed", {"score": -3, "probabilities": probs})["given"] == "calm"
     assert b.judge(TONE, "furious", {"score": 7.0, "probabilities": probs}) == {
-        "given": "furious", "score": 7.0, "correct": False, "confidence": 0.3}
-    # a probability that is not a number, or none: no confidence
+        "given": "furious", "score": 7.0, "correct": True, "confidence": 0.3, "api_confidence": None,
+        "proper": pytest.approx((0.2**2 + 0.7**2) / 2)}
+    # a probability that is not a number is a missing level (0); no probabilities: no confidence and no RPS
     assert b.judge(TONE, "furious", {"score": 2, "probabilities": {"2": "most"}}) == {
-        "given": "furious", "score": 2, "correct": True, "confidence": None}
+        "given": "furious", "score": 2, "correct": True, "confidence": None, "api_confidence": None, "proper": None}
+    assert b.judge(TONE, "furious", {"score": 2, "probabilities": {"1": 0.1, "2": 0.9}, "confidence": 0.88}) == {
+        "given": "furious", "score": 2, "correct": True, "confidence": 0.9, "api_confidence": 0.88,
+        "proper": pytest.approx(0.1**2 / 2)}
     assert b.judge(TONE, "furious", {"score": 2, "probabilities": None}) == {
-        "given": "furious", "score": 2, "correct": True, "confidence": None}
+        "given": "furious", "score": 2, "correct": True, "confidence": None, "api_confidence": None, "proper": None}
 
 
 def test_score_cases_rows_and_rounding() -> None:
@@ -215,32 +223,48 @@ def test_score_cases_rows_and_rounding() -> None:
                                                        "urgent": {"noul": 0.2}, "tone": {"score": 0.0}}},
                 {"id": 7, "status": 200, "answers": {"refund": {"noul": "no"}}}]
     out = b.score_cases(recorded, s)
+    rows = out.pop("questions")
     assert out == {
-        "correct": 2, "total": 4, "accuracy": 0.5,
-        "by_type": {"choice": {"correct": 1, "total": 1}, "noul": {"correct": 0, "total": 2}, "score": {"correct": 1, "total": 1}},
-        # answered: team (2/3, right), urgent (0.8, wrong); mean of (1/3)^2 and 0.8^2, rounded to 4 places
-        "brier": 0.3756, "confidence_right": 0.6667, "confidence_wrong": 0.8,
-        "unanswered": 2, "failed_requests": 0,
-        "questions": [
-            {"case": "a", "question": "team", "type": "choice", "expected": "billing", "tags": ["trick"],
-             "given": "billing", "correct": True, "confidence": 2 / 3},
-            {"case": "a", "question": "urgent", "type": "noul", "expected": True, "tags": ["trick"],
-             "given": False, "correct": False, "confidence": 0.8},
-            {"case": "a", "question": "tone", "type": "score", "expected": "calm", "tags": ["trick"],
-             "given": "calm", "score": 0.0, "correct": True, "confidence": None},
-            {"case": "7", "question": "refund", "type": "noul", "expected": False, "tags": [],
-             "given": None, "correct": False, "confidence": None},
-        ],
+        "correct": 2, "total": 4, "accuracy": 0.5, "interval": [0.15, 0.85],
+        "by_type": {"choice": {"correct": 1, "total": 1, "accuracy": 1.0, "interval": [0.2065, 1.0]},
+                    "noul": {"correct": 0, "total": 2, "accuracy": 0.0, "interval": [0.0, 0.6576]},
+                    "score": {"correct": 1, "total": 1, "accuracy": 1.0, "interval": [0.2065, 1.0]}},
+        "by_tag": {"trick": {"correct": 2, "total": 3, "accuracy": 0.6667, "interval": [0.2077, 0.9385]},
+                   "untagged": {"correct": 0, "total": 1, "accuracy": 0.0, "interval": [0.0, 0.7935]}},
+        # team: (1/3)^2; urgent: (0.2 - 1)^2 (the refund answer is malformed: not scored); tone: no probabilities
+        "calibration": {"choice": {"rule": "brier", "value": 0.1111, "n": 1}, "noul": {"rule": "brier", "value": 0.64, "n": 1},
+                        "score": {"rule": "rps", "value": None, "n": 0}},
+        "confidence": {"confidence": {"right": 0.6667, "wrong": 0.8, "n_right": 1, "n_wrong": 1},
+                       "api_confidence": {"right": None, "wrong": None, "n_right": 0, "n_wrong": 0}},
+        "reliability": {"confidence": [{"low": 0.6, "high": 0.8, "n": 1, "confidence": 0.6667, "accuracy": 1.0,
+                                        "interval": [0.2065, 1.0]},
+                                       {"low": 0.8, "high": 1.0, "n": 1, "confidence": 0.8, "accuracy": 0.0,
+                                        "interval": [0.0, 0.7935]}],
+                        "api_confidence": []},
+        "unanswered": 1, "failed_requests": 0,
     }
+    assert rows[0] == {"case": "a", "question": "team", "type": "choice", "expected": "billing", "tags": ["trick"],
+                       "given": "billing", "correct": True, "confidence": 2 / 3, "api_confidence": None,
+                       "proper": pytest.approx(1 / 9)}
+    assert rows[3] == {"case": "7", "question": "refund", "type": "noul", "expected": False, "tags": [],
+                       "given": None, "correct": False, "confidence": None, "api_confidence": None, "proper": None}
     # case a alone: 2 of 3 right, the accuracy rounded to 4 places too
     three = b.score_cases(recorded[:1], suite(cases=s["cases"][:1]))
     assert (three["correct"], three["total"], three["accuracy"]) == (2, 3, 0.6667)
 
 
+def test_reliability_bins_edges() -> None:
+    rows = [{"confidence": c, "correct": r} for c, r in ((0.0, False), (0.2, True), (0.19999, False), (1.0, True), (None, True))]
+    assert [(x["low"], x["high"], x["n"]) for x in b.reliability(rows)] == [(0.0, 0.2, 2), (0.2, 0.4, 1), (0.8, 1.0, 1)]
+
+
 def test_score_cases_of_a_suite_without_questions() -> None:
     out = b.score_cases([], {"cases": [], "questions": {}})
-    assert out == {"correct": 0, "total": 0, "accuracy": None, "by_type": {}, "brier": None, "confidence_right": None,
-                   "confidence_wrong": None, "unanswered": 0, "failed_requests": 0, "questions": []}
+    assert out == {"correct": 0, "total": 0, "accuracy": None, "interval": None, "by_type": {}, "by_tag": {},
+                   "calibration": {}, "confidence": {k: {"right": None, "wrong": None, "n_right": 0, "n_wrong": 0}
+                                                     for k in ("confidence", "api_confidence")},
+                   "reliability": {"confidence": [], "api_confidence": []}, "unanswered": 0, "failed_requests": 0,
+                   "questions": []}
 
 
 def test_answers_of_a_failed_or_malformed_request_are_ignored() -> None:
@@ -289,7 +313,9 @@ def test_report_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(time, "gmtime", lambda *_: time.struct_time((2026, 3, 4, 5, 6, 7, 2, 63, 0)))
     report = b.bench_report([odd_host()], ONE_CASE, {"d3-odd": {"decision_index": 60}, "External": {}}, None, ["+sim"])
     score = b.score_cases([], ONE_CASE)
-    common = {"host": "h2", "image_ref": "", "latency": {}, "throughput": []}
+    common = {"host": "h2", "image_ref": "", "latency": {}, "throughput": [], "rate": [],
+              "record": {"image_ref": "", "image": None, "revision": None, "args": [], "env": {}, "tensor_parallel_size": None,
+                         "gpu_memory_utilization": None, "max_model_len": None}}
     assert report == {
         "format": "d3-bench/1",
         "generated": "2026-03-04T05:06:07Z",
@@ -338,23 +364,42 @@ def test_report_keeps_the_image_and_settings_and_the_forced_label(monkeypatch: p
 def entry(name: str, sim: bool, **over: Any) -> dict[str, Any]:
     base = {"host": "h", "name": name, "model": "m-" + name, "simulated": sim, "health": 200, "gpu_count": 1, "gpus": [0],
             "memory": None, "decision_index": None, "latency": {}, "throughput": [],
-            "score": {"correct": 0, "total": 2, "brier": None, "confidence_right": None, "confidence_wrong": None}}
+            "score": {"correct": 0, "total": 2, "accuracy": 0.0, "interval": [0.0, 0.6576]}}
     return {**base, **over}
 
 
 def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
     report = {"simulated": True, "suite": {"name": "s", "cases": 2, "questions": 3}, "instances": [
         entry("a", True, gpu_count=2, gpus=[0, 1], decision_index=66.26,
-              latency={"q2": {"p50": 240.4, "p95": 250.6, "p99": None}, "q4": {"p50": 470.5, "p95": 480.0, "p99": 490.0}},
-              throughput=[{"concurrency": 4, "requests_per_s": 7.96, "questions_per_s": 31.84, "p99": 512.7, "errors": 1},
-                          {"concurrency": 1, "requests_per_s": 2.04, "questions_per_s": 8.5, "p99": None, "errors": 0}],
+              latency={"q2": {"n": 25, "p50": 240.4, "p95": 250.6, "p99": None},
+                       "q4": {"n": 100, "p50": 470.5, "p95": 480.0, "p99": 490.0}},
+              throughput=[{"concurrency": 4, "requests_per_s": 7.96, "questions_per_s": 31.84, "p50": 400.2, "p99": 512.7,
+                           "n": 120, "errors": 1, "goodput_per_s": 6.5, "input_tokens_per_s": 3200.4,
+                           "metrics": {"before": {"vllm:request_queue_time_seconds_sum": 1.0,
+                                                  "vllm:request_queue_time_seconds_count": 10},
+                                       "during": {"vllm:num_requests_running": 4, "vllm:num_requests_waiting": 0,
+                                                  "vllm:kv_cache_usage_perc": 0.123},
+                                       "after": {"vllm:request_queue_time_seconds_sum": 3.5,
+                                                 "vllm:request_queue_time_seconds_count": 110}}},
+                          {"concurrency": 1, "requests_per_s": 2.04, "questions_per_s": 8.5, "p99": None, "errors": 0,
+                           "metrics": {"before": {"vllm:num_requests_running": None}}}],
+              rate=[{"rate": 8.0, "offered_per_s": 7.5, "requests_per_s": 6.0, "p50": 700.0, "p99": 2500.0, "n": 15,
+                     "errors": 0, "goodput_per_s": 1.2}],
               memory={"used_mib": 40010, "budget_mib": 43764,
                       "per_gpu": [{"shared_with": ["zeta"]}, {"shared_with": ["alpha", "zeta"]}]},
-              score={"correct": 1, "total": 2, "brier": 0.12345, "confidence_right": 0.876, "confidence_wrong": None}),
+              score={"correct": 1, "total": 2, "accuracy": 0.5, "interval": [0.0945, 0.9055], "by_type": {"noul": {
+                  "correct": 1, "total": 2, "accuracy": 0.5, "interval": [0.0945, 0.9055]}}, "by_tag": {"trick": {
+                  "correct": 0, "total": 1, "accuracy": 0.0, "interval": [0.0, 0.7935]}},
+                  "calibration": {"noul": {"rule": "brier", "value": 0.12345, "n": 2}},
+                  "confidence": {"confidence": {"right": 0.876, "wrong": None, "n_right": 1, "n_wrong": 0}},
+                  "reliability": {"confidence": [{"low": 0.8, "high": 1.0, "n": 1, "confidence": 0.876, "accuracy": 1.0,
+                                                  "interval": [0.2065, 1.0]}]}}),
         entry("b", False, gpus=[], gpu_count=0,
               throughput=[{"concurrency": 16, "requests_per_s": 30.0, "questions_per_s": 120.0, "p99": 900.0, "errors": 0}],
               memory={"used_mib": None, "budget_mib": None, "per_gpu": []},
-              score={"correct": 2, "total": 2, "brier": 0.0, "confidence_right": 1.0, "confidence_wrong": 0.25}),
+              score={"correct": 2, "total": 2, "accuracy": 1.0, "interval": [0.3424, 1.0],
+                     "calibration": {"score": {"rule": "rps", "value": 0.0, "n": 2}},
+                     "confidence": {"api_confidence": {"right": 1.0, "wrong": 0.25, "n_right": 2, "n_wrong": 1}}}),
         entry("c", False, health=201),
         entry("d", True, health=-1),
     ]}
@@ -363,51 +408,89 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
                               {"model": "pn", "source": "paper", "correct": 17, "total": 19, "q4_ms": 215}]}
     assert b.bench_table(report, published) == [
         "SIMULATED: these endpoints are the lab's vLLM simulator (a stand-in); no figure below is a property of D3.",
-        "",
-        "Latency [SIMULATED] (p50 / p95 / p99, one request at a time)",
-        "Config                          2-question latency  4-question latency",
-        "h/a (m-a) [SIMULATED]           240 / 251 / - ms    470 / 480 / 490 ms",
-        "h/b (m-b)                       - / - / - ms        - / - / - ms",
-        "cfgA [published: field report]  ~300ms              ~490ms",
-        "cfgB [published: blog]          -                   -",
-        "",
-        "Accuracy [SIMULATED] (suite s: 2 cases, 3 questions)",
-        "Model                         Accuracy  4q Latency  GPUs  Decision Index  Brier  conf right/wrong",
-        "h/a (m-a) [SIMULATED]         1/2       470ms       2     66.26           0.123  0.88/-",
-        "h/b (m-b)                     2/2       -ms         0     -               0.000  1.00/0.25",
-        "pm [published: field report]  19/19     170ms       0     ~45             -      -",
-        "pn [published: paper]         17/19     215ms       -     -               -      -",
-        "",
-        "Throughput [SIMULATED] (closed loop, ? s per level, 4-question requests)",
-        "Instance               concurrency 1                  concurrency 4                     concurrency 16",
-        "h/a (m-a) [SIMULATED]  2.0 req/s 8 q/s p99 -ms err 0  8.0 req/s 32 q/s p99 513ms err 1  -",
-        "h/b (m-b)              -                              -                                 30.0 req/s 120 q/s p99 900ms err 0",
-        "",
+        '',
+        'Latency [SIMULATED] (p50 / p95 / p99 and n, one request at a time)',
+        '  a pQ needs n >= 100/(100-Q) (p95: 20, p99: 100), else it is the largest samples: shown as such',
+        'Config                          2-question latency      4-question latency',
+        'h/a (m-a) [SIMULATED]           240 / 251 / - ms, n=25  470 / 480 / 490 ms, n=100',
+        'h/b (m-b)                       -                       -',
+        'cfgA [published: field report]  ~300ms                  ~490ms',
+        'cfgB [published: blog]          -                       -',
+        '',
+        'Accuracy [SIMULATED] (suite s: 2 cases, 3 questions; [95 % Wilson interval])',
+        "  GPUs: total per instance; the published totals read from the report's 'Extra GPUs' (d3_bench_published)",
+        'Model                                               Accuracy                  4q p50  GPUs  Decision Index',
+        'h/a (m-a) [SIMULATED]                               1/2 = 0.50 [0.09-0.91]    470ms   2     66.26',
+        'h/b (m-b)                                           2/2 = 1.00 [0.34-1.00]    -ms     0     -',
+        'pm [published: field report, its own 19 questions]  19/19 = 1.00 [0.83-1.00]  170ms   -     ~45',
+        'pn [published: paper, its own 19 questions]         17/19 = 0.89 [0.69-0.97]  215ms   -     -',
+        '',
+        'Accuracy per question type and per case tag [SIMULATED] [95 % Wilson interval]',
+        'Instance               noul                    tag trick',
+        'h/a (m-a) [SIMULATED]  1/2 = 0.50 [0.09-0.91]  0/1 = 0.00 [0.00-0.79]',
+        'h/b (m-b)              -                       -',
+        '',
+        'Calibration [SIMULATED] (0 is perfect: multi-class Brier (choice), binary Brier (noul), RPS (score))',
+        "  mean confidence right/wrong: p(given) of the answer given; API: the answer's own `confidence`",
+        'Instance               proper scores           confidence right/wrong',
+        'h/a (m-a) [SIMULATED]  noul Brier 0.123 (n=2)  p(given) 0.88/- (n=1/0); API -/- (n=0/0)',
+        'h/b (m-b)              score RPS 0.000 (n=2)   p(given) -/- (n=0/0); API 1.00/0.25 (n=2/1)',
+        '',
+        'Reliability [SIMULATED] (p(given) in bins against the accuracy observed in each)',
+        'Instance               confidence bin  n  mean confidence  accuracy [95 %]',
+        'h/a (m-a) [SIMULATED]  0.8-1.0         1  0.88             1/1 = 1.00 [0.21-1.00]',
+        '',
+        'Throughput [SIMULATED], closed loop (? s per level, 4-question requests)',
+        "  goodput: answers within - ms per s; after |: the server's /metrics (halfway; queue: over the level)",
+        'Instance               concurrency  figures',
+        'h/a (m-a) [SIMULATED]  1            2.0 req/s p50 - p99 -ms n=0 err 0 | no vLLM metrics',
+        'h/a (m-a) [SIMULATED]  4            8.0 req/s goodput 6.5/s 3200 tok/s p50 400 p99 513ms n=120 err 1 '
+        '| run 4 wait 0 kv 12% queue 25ms',
+        'h/b (m-b)              16           30.0 req/s p50 - p99 (p99 needs n>=100)ms n=0 err 0 | -',
+        '',
+        'Request rate [SIMULATED], open loop (Poisson arrivals, sent on schedule whatever the answers do)',
+        'Instance               rate               figures',
+        'h/a (m-a) [SIMULATED]  8/s (offered 7.5)  6.0 req/s goodput 1.2/s p50 700 p99 (p99 needs n>=100)ms n=15 err 0 | -',
+        '',
         "GPUs and memory [SIMULATED] (nvidia-smi after the load; a shared GPU's use split by planned budgets)",
-        "Instance               GPUs  used MiB  planned MiB  shares GPUs with",
-        "h/a (m-a) [SIMULATED]  0,1   40010     43764        alpha, zeta",
-        "h/b (m-b)              -     -         -            -",
-        "NOT BENCHED: h/c (m-c): /health answered 201",
-        "NOT BENCHED: h/d (m-d) [SIMULATED]: /health answered -1",
+        'Instance               GPUs  used MiB  planned MiB  shares GPUs with',
+        'h/a (m-a) [SIMULATED]  0,1   40010     43764        alpha, zeta',
+        'h/b (m-b)              -     -         -            -',
+        'NOT BENCHED: h/c (m-c): /health answered 201',
+        'NOT BENCHED: h/d (m-d) [SIMULATED]: /health answered -1',
     ]
 
 
 def test_table_of_a_measured_report_without_published_rows() -> None:
     report = {"suite": {"name": "t", "cases": 1, "questions": 1}, "settings": {"duration_s": 2.5}, "instances": [entry("z", False)]}
     assert b.bench_table(report) == [
-        "Latency (p50 / p95 / p99, one request at a time)",
-        "Config     2-question latency  4-question latency",
-        "h/z (m-z)  - / - / - ms        - / - / - ms",
-        "",
-        "Accuracy (suite t: 1 cases, 1 questions)",
-        "Model      Accuracy  4q Latency  GPUs  Decision Index  Brier  conf right/wrong",
-        "h/z (m-z)  0/2       -ms         1     -               -      -/-",
-        "",
-        "Throughput (closed loop, 2.5 s per level, 4-question requests)",
-        "Instance",
-        "h/z (m-z)",
-        "",
+        'Latency (p50 / p95 / p99 and n, one request at a time)',
+        '  a pQ needs n >= 100/(100-Q) (p95: 20, p99: 100), else it is the largest samples: shown as such',
+        'Config     2-question latency  4-question latency',
+        'h/z (m-z)  -                   -',
+        '',
+        'Accuracy (suite t: 1 cases, 1 questions; [95 % Wilson interval])',
+        "  GPUs: total per instance; the published totals read from the report's 'Extra GPUs' (d3_bench_published)",
+        'Model      Accuracy                4q p50  GPUs  Decision Index',
+        'h/z (m-z)  0/2 = 0.00 [0.00-0.66]  -ms     1     -',
+        '',
+        'Accuracy per question type and per case tag [95 % Wilson interval]',
+        'Instance',
+        'h/z (m-z)',
+        '',
+        'Calibration (0 is perfect: multi-class Brier (choice), binary Brier (noul), RPS (score))',
+        "  mean confidence right/wrong: p(given) of the answer given; API: the answer's own `confidence`",
+        'Instance   proper scores  confidence right/wrong',
+        'h/z (m-z)  -              p(given) -/- (n=0/0); API -/- (n=0/0)',
+        '',
+        'Reliability (p(given) in bins against the accuracy observed in each)',
+        'Instance  confidence bin  n  mean confidence  accuracy [95 %]',
+        '',
+        'Throughput, closed loop (2.5 s per level, 4-question requests)',
+        "  goodput: answers within - ms per s; after |: the server's /metrics (halfway; queue: over the level)",
+        'Instance  concurrency  figures',
+        '',
         "GPUs and memory (nvidia-smi after the load; a shared GPU's use split by planned budgets)",
-        "Instance   GPUs  used MiB  planned MiB  shares GPUs with",
-        "h/z (m-z)  0     -         -            -",
+        'Instance   GPUs  used MiB  planned MiB  shares GPUs with',
+        'h/z (m-z)  0     -         -            -',
     ]

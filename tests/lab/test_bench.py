@@ -8,6 +8,7 @@ figure is labelled simulated (the simulator says so in GET /version). A host car
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import time
@@ -22,9 +23,13 @@ pytestmark = pytest.mark.lab
 
 HOSTS = ["d3-lab-host1", "d3-lab-host2"]
 SUITE = labkit.ROOT / "roles/d3_bench/files/suites/support-tickets.yml"
-CONCURRENCY = [1, 2, 4]
+CONCURRENCY = [1, 4]
+RATES = [4.0, 64.0]  # requests/s: well within d3-mini's simulated capacity, and far beyond it
+LOADED = "d3-mini"  # the one instance the load passes run on (the others: accuracy and latency only), to keep it cheap
+SLO_MS = 250
 MARKER = "/var/lib/d3/rollout-in-progress"  # roles/d3_state/defaults/main.yml: d3_state_rollout_marker
-SHORT = {"d3_bench_samples": 3, "d3_bench_warmup": 1, "d3_bench_duration_s": 1.0, "d3_bench_concurrency": CONCURRENCY}
+SHORT = {"d3_bench_samples": 2, "d3_bench_warmup": 1, "d3_bench_duration_s": 1.0, "d3_bench_concurrency": CONCURRENCY,
+         "d3_bench_load_instances": [LOADED], "d3_bench_request_rates": RATES, "d3_bench_slo_ms": SLO_MS}
 # An extra endpoint named by one host only (d3_bench_endpoints): host2's d3-nano again, as a stand-in "generalist".
 EXTRA = ("{{ [{'name': 'generalist', 'url': 'http://127.0.0.1:' ~ (d3_host_plan.instances | selectattr('model', 'eq', "
          "'d3-nano') | map(attribute='port') | first), 'model': 'd3-nano', 'label': 'stand-in generalist', 'gpus': 0}] "
@@ -44,6 +49,15 @@ def bench(converge_run: labkit.Run, tmp_path_factory: pytest.TempPathFactory) ->
     assert run.status == "successful", run.failure_text() + run.stdout[-3000:]
     print(f"\nbench.yml on {', '.join(HOSTS)} took {time.monotonic() - start:.1f} s")
     return {"run": run, "report": json.loads((out / "report.json").read_text()), "dir": out}
+
+
+def doc_script() -> Any:
+    """docs/bench.md's recompute script, loaded the way the quick tier's tests/test_bench_recompute.py loads it."""
+    spec = importlib.util.spec_from_file_location("bench_recompute_test", labkit.ROOT / "tests/test_bench_recompute.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.doc_script()
 
 
 def expected_instances() -> set[tuple[str, str]]:
@@ -82,7 +96,7 @@ def test_every_planned_instance_is_in_the_report(bench: dict[str, Any]) -> None:
 def test_extra_endpoint_is_benched_from_the_host_that_names_it(bench: dict[str, Any]) -> None:
     (extra,) = [i for i in bench["report"]["instances"] if i["kind"] == "extra"]
     assert (extra["host"], extra["name"], extra["model"], extra["gpu_count"]) == (HOSTS[1], "generalist", "stand-in generalist", 0)
-    assert extra["score"]["total"] > 0 and [t["concurrency"] for t in extra["throughput"]] == CONCURRENCY
+    assert extra["score"]["total"] > 0 and extra["throughput"] == [] and extra["rate"] == []  # not d3_bench_load_instances
 
 
 def test_lab_figures_are_labelled_simulated(bench: dict[str, Any]) -> None:
@@ -103,7 +117,8 @@ def test_accuracy_recomputed_from_the_recorded_answers(bench: dict[str, Any]) ->
         assert (score["correct"], score["total"]) == (right, asked), inst["name"]
         assert math.isclose(score["accuracy"], right / asked, abs_tol=1e-4)
         assert score["failed_requests"] == 0
-        assert 0.0 <= score["brier"] <= 1.0
+        assert 0.0 <= score["calibration"]["choice"]["value"] <= 2.0 and 0.0 <= score["calibration"]["noul"]["value"] <= 1.0
+        assert 0.0 <= score["calibration"]["score"]["value"] <= 1.0
         accuracies.add(score["correct"])
     assert len(accuracies) > 1, "the simulator answers every model alike"
 
@@ -113,7 +128,7 @@ def test_latency_percentiles_are_ordered_and_grow_with_questions_and_size(bench:
     for inst in bench["report"]["instances"]:
         for label in ("q2", "q4"):
             lat = inst["latency"][label]
-            assert lat["errors"] == 0 and lat["n"] == SHORT["d3_bench_samples"]
+            assert lat["errors"] == 0 and lat["n"] == SHORT["d3_bench_samples"] and lat["unsupported"] == ["p95", "p99"]
             assert lat["min"] <= lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"], (inst["name"], label, lat)
         assert inst["latency"]["q4"]["p50"] > inst["latency"]["q2"]["p50"]
         for level in inst["throughput"]:
@@ -123,13 +138,50 @@ def test_latency_percentiles_are_ordered_and_grow_with_questions_and_size(bench:
     assert p50["d3"] > p50["d3-flash"] > p50["d3-mini"] > p50["d3-edge"], p50
 
 
-def test_throughput_for_each_concurrency(bench: dict[str, Any]) -> None:
+def test_throughput_for_each_concurrency_on_the_loaded_instance_only(bench: dict[str, Any]) -> None:
+    loaded = [i for i in bench["report"]["instances"] if i["throughput"]]
+    assert [i["name"] for i in loaded] == [LOADED]
+    levels = loaded[0]["throughput"]
+    assert [t["concurrency"] for t in levels] == CONCURRENCY
+    for t in levels:
+        assert t["requests"] > 0 and t["errors"] == 0, t
+        assert t["requests_per_s"] > 0 and math.isclose(t["questions_per_s"], t["requests_per_s"] * 4, rel_tol=0.02)
+        assert t["input_tokens_per_s"] > 0 and t["goodput_per_s"] <= t["requests_per_s"]
+        assert set(t["metrics"]) == {"before", "during", "after"}  # the simulator's /metrics, read around the level
+
+
+def test_open_loop_beyond_capacity_goodput_falls_and_latency_grows(bench: dict[str, Any]) -> None:
+    (inst,) = [i for i in bench["report"]["instances"] if i["rate"]]
+    low, high = inst["rate"]
+    closed = {t["concurrency"]: t for t in inst["throughput"]}
+    assert (low["rate"], high["rate"]) == tuple(RATES)
+    # far beyond capacity the server answers fewer than were offered, each later: latency grows, the share of answers
+    # within the objective falls
+    assert high["p50"] > 2 * low["p50"], (low, high)
+    assert high["goodput_per_s"] / high["offered_per_s"] < low["goodput_per_s"] / low["offered_per_s"], (low, high)
+    assert high["requests_per_s"] < high["offered_per_s"]
+    # the closed loop at 4 in flight never queues like that: its latency stays below the overloaded open loop's
+    assert closed[4]["p50"] < high["p50"]
+    table = "\n".join(str(r["res"].get("msg", "")) for r in bench["run"].results() if r.get("task") == "Print the bench tables")
+    assert "Request rate [SIMULATED], open loop" in table and "closed loop" in table
+
+
+def test_raw_requests_recompute_the_report(bench: dict[str, Any]) -> None:
+    """The JSONL beside the report holds every request with its send and receive times; docs/bench.md's script
+    recomputes n, intervals and the three calibration scores from it alone."""
+    raw = bench["dir"] / "report.jsonl"
+    lines = [json.loads(x) for x in raw.read_text().splitlines()]
+    assert all(x["received"] >= x["sent"] > 1.7e9 for x in lines)
+    assert {x["phase"] for x in lines} == {"accuracy", "latency", "closed", "open"}
+    again = doc_script().recompute(raw)
     for inst in bench["report"]["instances"]:
-        levels = inst["throughput"]
-        assert [t["concurrency"] for t in levels] == CONCURRENCY, inst["name"]
-        for t in levels:
-            assert t["requests"] > 0 and t["errors"] == 0, (inst["name"], t)
-            assert t["requests_per_s"] > 0 and math.isclose(t["questions_per_s"], t["requests_per_s"] * 4, rel_tol=0.02)
+        mine = again[f"{inst['host']}/{inst['name']}"]
+        s = inst["score"]
+        assert (mine["correct"], mine["n"]) == (s["correct"], s["total"])
+        assert mine["interval"] == pytest.approx(s["interval"], abs=1e-4)
+        for kind in ("choice", "noul", "score"):
+            assert mine[kind] == pytest.approx(s["calibration"][kind]["value"], abs=1e-4), (inst["name"], kind)
+
 
 
 def test_gpus_and_memory_per_instance(bench: dict[str, Any]) -> None:

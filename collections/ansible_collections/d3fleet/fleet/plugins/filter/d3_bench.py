@@ -18,10 +18,12 @@ request failed, or whose answer is malformed, counts as wrong and has no confide
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats import brier, min_n, rps, wilson
 from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_table import table as _grid
 
 SUITE_FORMAT = "d3-bench-suite/1"
@@ -155,41 +157,79 @@ def _num(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def given_level(score: float, levels: int) -> int:
+    """THE rule for the level a score answer gives (used by correctness and by confidence alike): the level nearest
+    the score (the API's expected value), a tie (1.5) going to the higher level, clamped to the levels."""
+    return min(levels - 1, max(0, math.floor(score + 0.5)))
+
+
 def judge(question: dict[str, Any], expected: Any, answer: Any) -> dict[str, Any]:
-    """{given, correct, confidence} of one answer against the expected one (confidence None when malformed)."""
+    """One answer against the expected one: {given, correct, confidence (the probability the answer gives to what it
+    gave), api_confidence (the API's own `confidence`: top probability x label mass), proper (the type's proper
+    score: multi-class Brier for choice, binary Brier for noul, RPS for score; None without probabilities)}."""
     kind = question["type"]
-    bad = {"given": None, "correct": False, "confidence": None}
+    bad = {"given": None, "correct": False, "confidence": None, "api_confidence": None, "proper": None}
     if not isinstance(answer, dict):
         return bad
     probs = answer.get("probabilities") if isinstance(answer.get("probabilities"), dict) else {}
+    probs = {str(k): v for k, v in probs.items() if _num(v)}
+    api = answer.get("confidence") if _num(answer.get("confidence")) else None
     if kind == "choice":
         given = answer.get("choice")
         if given is None:
             return bad
-        conf = probs.get(given, answer.get("confidence"))
-        return {"given": given, "correct": str(given) == str(expected), "confidence": conf if _num(conf) else None}
+        return {"given": given, "correct": str(given) == str(expected), "confidence": probs.get(str(given)),
+                "api_confidence": api, "proper": brier(probs, str(expected)) if probs else None}
     if kind == "noul":
         p_yes = answer.get("noul")
         if not _num(p_yes):
             return bad
         given = p_yes >= 0.5
-        return {"given": given, "correct": given == bool(expected), "confidence": p_yes if given else 1.0 - p_yes}
+        return {"given": given, "correct": given == bool(expected), "confidence": p_yes if given else 1.0 - p_yes,
+                "api_confidence": api, "proper": (p_yes - (1.0 if expected else 0.0)) ** 2}
     levels = [str(lv) for lv in question["criteria"]]
     score = answer.get("score")
     if not _num(score):
         return bad
-    nearest = min(len(levels) - 1, max(0, math.floor(score + 0.5)))
-    conf = probs.get(str(nearest))
-    return {
-        "given": levels[nearest],
-        "score": score,
-        "correct": abs(score - levels.index(str(expected))) <= 0.5,
-        "confidence": conf if _num(conf) else None,
-    }
+    idx = given_level(score, len(levels))
+    want = levels.index(str(expected))
+    dist = [probs.get(str(i), 0.0) for i in range(len(levels))] if probs else None
+    return {"given": levels[idx], "score": score, "correct": idx == want, "confidence": probs.get(str(idx)),
+            "api_confidence": api, "proper": rps(dist, want) if dist else None}
+
+
+def _share(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """{correct, total, accuracy, interval: [low, high] (95 % Wilson)} of judged rows."""
+    right = sum(1 for r in rows if r["correct"])
+    ci = wilson(right, len(rows))
+    return {"correct": right, "total": len(rows), "accuracy": round(right / len(rows), 4) if rows else None,
+            "interval": [round(ci[0], 4), round(ci[1], 4)] if ci else None}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+RELIABILITY_BINS = 5
+
+
+def reliability(rows: list[dict[str, Any]], key: str = "confidence") -> list[dict[str, Any]]:
+    """Confidence bins of width 1/RELIABILITY_BINS (the last one closed) against the observed accuracy in each: {low,
+    high, n, confidence (mean), accuracy, interval}; empty bins are left out. A calibrated model's accuracy matches
+    its confidence bin by bin."""
+    out = []
+    for b in range(RELIABILITY_BINS):
+        inside = [r for r in rows if r[key] is not None and min(int(r[key] * RELIABILITY_BINS), RELIABILITY_BINS - 1) == b]
+        if inside:
+            out.append({"low": b / RELIABILITY_BINS, "high": (b + 1) / RELIABILITY_BINS, "n": len(inside),
+                        "confidence": _mean([r[key] for r in inside]),
+                        **{k: v for k, v in _share(inside).items() if k in ("accuracy", "interval")}})
+    return out
 
 
 def score_cases(cases: list[dict[str, Any]], suite: dict[str, Any]) -> dict[str, Any]:
-    """Accuracy and calibration of one instance from its recorded accuracy pass (bench_load's `cases`)."""
+    """Accuracy (with 95 % Wilson intervals: overall, per question type, per case tag) and calibration (proper scores
+    per type, mean confidences, reliability bins) of one instance from its recorded accuracy pass."""
     by_id = {str(c.get("id")): c for c in cases or []}
     rows: list[dict[str, Any]] = []
     for case in suite["cases"]:
@@ -199,26 +239,29 @@ def score_cases(cases: list[dict[str, Any]], suite: dict[str, Any]) -> dict[str,
         for qid, q in _case_questions(suite, case).items():
             verdict = judge(q, case["expect"][qid], answers.get(qid))
             rows.append({"case": cid, "question": qid, "type": q["type"], "expected": case["expect"][qid],
-                         "tags": case.get("tags") or [], **verdict})
-    right = [r for r in rows if r["correct"]]
-    answered = [r for r in rows if r["confidence"] is not None]
-
-    def mean(xs: list[float]) -> float | None:
-        return round(sum(xs) / len(xs), 4) if xs else None
-
-    by_type = {}
-    for kind in TYPES:
-        of_kind = [r for r in rows if r["type"] == kind]
-        if of_kind:
-            by_type[kind] = {"correct": sum(r["correct"] for r in of_kind), "total": len(of_kind)}
+                         "tags": list(case.get("tags") or []), **verdict})
+    answered = [r for r in rows if r["given"] is not None]
+    tags = sorted({t for r in rows for t in r["tags"]})
+    calibration = {}
+    for kind, name in (("choice", "brier"), ("noul", "brier"), ("score", "rps")):
+        scored = [r["proper"] for r in rows if r["type"] == kind and r["proper"] is not None]
+        if any(r["type"] == kind for r in rows):
+            calibration[kind] = {"rule": name, "value": _mean(scored), "n": len(scored)}
+    confidence = {}
+    for key in ("confidence", "api_confidence"):
+        have = [r for r in answered if r[key] is not None]
+        confidence[key] = {"right": _mean([r[key] for r in have if r["correct"]]),
+                           "wrong": _mean([r[key] for r in have if not r["correct"]]),
+                           "n_right": sum(1 for r in have if r["correct"]),
+                           "n_wrong": sum(1 for r in have if not r["correct"])}
     return {
-        "correct": len(right),
-        "total": len(rows),
-        "accuracy": round(len(right) / len(rows), 4) if rows else None,
-        "by_type": by_type,
-        "brier": mean([(r["confidence"] - (1.0 if r["correct"] else 0.0)) ** 2 for r in answered]),
-        "confidence_right": mean([r["confidence"] for r in answered if r["correct"]]),
-        "confidence_wrong": mean([r["confidence"] for r in answered if not r["correct"]]),
+        **_share(rows),
+        "by_type": {kind: _share([r for r in rows if r["type"] == kind]) for kind in TYPES if any(r["type"] == kind for r in rows)},
+        "by_tag": {**{t: _share([r for r in rows if t in r["tags"]]) for t in tags},
+                   **({"untagged": _share([r for r in rows if not r["tags"]])} if tags else {})},
+        "calibration": calibration,
+        "confidence": confidence,
+        "reliability": {key: reliability(answered, key) for key in ("confidence", "api_confidence")},
         "unanswered": len(rows) - len(answered),
         "failed_requests": sum(1 for c in suite["cases"] if (by_id.get(str(c["id"])) or {}).get("status") != 200),
         "questions": rows,
@@ -251,6 +294,21 @@ def _is_simulated(version: str | None, markers: list[str]) -> bool:
     return any(m and m in (version or "") for m in markers)
 
 
+SECRET_WORD = re.compile(r"(?i)(key|token|secret|password|passwd|credential)")
+
+
+def run_record(inst: dict[str, Any] | None, image_ref: str) -> dict[str, Any]:
+    """What ran, from the plan and the deployment record, so that two runs can be compared: the image reference the
+    host recorded (with its digest), the planned image, the revision, vLLM's arguments and the container
+    environment (variables whose name looks like a secret are left out)."""
+    inst = inst or {}
+    return {"image_ref": image_ref, "image": inst.get("image"), "revision": inst.get("revision"),
+            "args": list(inst.get("args") or []),
+            "env": {k: v for k, v in (inst.get("env") or {}).items() if not SECRET_WORD.search(str(k))},
+            "tensor_parallel_size": inst.get("tensor_parallel_size"),
+            "gpu_memory_utilization": inst.get("gpu_memory_utilization"), "max_model_len": inst.get("max_model_len")}
+
+
 def bench_report(
     hosts: list[dict[str, Any]],
     suite: dict[str, Any],
@@ -262,7 +320,8 @@ def bench_report(
     """The bench report (JSON) from every host's record: {host, plan (d3_host_plan), results (bench_load's results,
     planned instances first, then the host's extra endpoints), endpoints (the extra endpoints as declared), gpus
     (nvidia-smi after the load, nvidia_smi_query_gpus), image_ref}. `simulated`: true/false to force the label, None
-    to decide from the servers' /version strings (one containing a marker is a simulator)."""
+    to decide from the servers' /version strings (one containing a marker is a simulator). The raw requests
+    (bench_load's `records`) are not in it: d3_bench_records writes them as JSON lines beside it."""
     catalog = catalog or {}
     markers = list(simulated_markers or [])
     instances = []
@@ -281,6 +340,7 @@ def bench_report(
                 "served_model_name": res["model"],
                 "url": res["url"],
                 "image_ref": h.get("image_ref") or "",
+                "record": run_record(inst, h.get("image_ref") or ""),
                 "server_version": res.get("version") or "",
                 "simulated": bool(simulated) if simulated is not None else _is_simulated(res.get("version"), markers),
                 "health": res.get("health"),
@@ -293,6 +353,7 @@ def bench_report(
                 "answers": res.get("cases") or [],
                 "latency": res.get("latency") or {},
                 "throughput": res.get("throughput") or [],
+                "rate": res.get("rate") or [],
             }
             instances.append(entry)
     any_sim = any(i["simulated"] for i in instances)
@@ -308,14 +369,103 @@ def bench_report(
     }
 
 
+def bench_records(hosts: list[dict[str, Any]], suite: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every request of a bench run, one dict per JSON line (the JSONL beside the report): bench_load's records with
+    the instance's host and name; an accuracy record also carries, per question asked, its type, expected answer
+    and levels (score), and the case's tags, so that accuracy, intervals and calibration can be recomputed from the
+    file alone (docs/bench.md, "Recomputing the report")."""
+    cases = {str(c["id"]): c for c in suite["cases"]}
+    out = []
+    for h in hosts:
+        for res in h.get("results") or []:
+            for rec in res.get("records") or []:
+                line = {"host": h["host"], "instance": res["name"], **rec}
+                case = cases.get(str(rec.get("case")))
+                if rec.get("phase") == "accuracy" and case:
+                    line["tags"] = list(case.get("tags") or [])
+                    line["expect"] = {qid: {"type": q["type"], "expected": case["expect"][qid],
+                                            **({"levels": [str(lv) for lv in q["criteria"]]} if q["type"] == "score" else {})}
+                                      for qid, q in _case_questions(suite, case).items()}
+                out.append(line)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------- the table
 def _ms(x: Any) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
+def _pct(fig: dict[str, Any], q: str) -> str:
+    """A percentile with its n; one that n cannot support (d3_bench_stats.min_n) shown as such, not as a number."""
+    if fig.get(q) is None:
+        return "-"
+    need = min_n(float(q[1:]))
+    return f"({q} needs n>={need})" if int(fig.get("n") or 0) < need else f"{fig[q]:.0f}"
+
+
+def _lat(fig: dict[str, Any]) -> str:
+    return f"{_pct(fig, 'p50')} / {_pct(fig, 'p95')} / {_pct(fig, 'p99')} ms, n={fig.get('n', 0)}" if fig else "-"
+
+
+def _acc(s: dict[str, Any]) -> str:
+    if not s or not s.get("total"):
+        return "-"
+    lo, hi = s["interval"]
+    return f"{s['correct']}/{s['total']} = {s['accuracy']:.2f} [{lo:.2f}-{hi:.2f}]"
+
+
+def _num_or_dash(x: Any, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _calib(s: dict[str, Any]) -> str:
+    parts = []
+    for kind, label in (("choice", "choice Brier"), ("noul", "noul Brier"), ("score", "score RPS")):
+        c = (s.get("calibration") or {}).get(kind)
+        if c:
+            parts.append(f"{label} {_num_or_dash(c['value'])} (n={c['n']})")
+    return "; ".join(parts) or "-"
+
+
+def _confs(s: dict[str, Any]) -> str:
+    out = []
+    for key, label in (("confidence", "p(given)"), ("api_confidence", "API")):
+        c = (s.get("confidence") or {}).get(key) or {}
+        out.append(f"{label} {_num_or_dash(c.get('right'), '{:.2f}')}/{_num_or_dash(c.get('wrong'), '{:.2f}')} "
+                   f"(n={c.get('n_right', 0)}/{c.get('n_wrong', 0)})")
+    return "; ".join(out)
+
+
+def _server(m: dict[str, Any]) -> str:
+    """The server's own view of a level from its /metrics: running/waiting halfway, KV cache use halfway, mean queue
+    time over the level (the histogram's sum and count, after minus before)."""
+    before, during, after = (m or {}).get("before") or {}, (m or {}).get("during") or {}, (m or {}).get("after") or {}
+    if not (before or during or after):
+        return "-"
+    parts = []
+    for name, label in (("vllm:num_requests_running", "run"), ("vllm:num_requests_waiting", "wait")):
+        if during.get(name) is not None:
+            parts.append(f"{label} {during[name]:g}")
+    if during.get("vllm:kv_cache_usage_perc") is not None:
+        parts.append(f"kv {100 * during['vllm:kv_cache_usage_perc']:.0f}%")
+    s_key, c_key = "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count"
+    if None not in (before.get(s_key), after.get(s_key), before.get(c_key), after.get(c_key)) and after[c_key] > before[c_key]:
+        parts.append(f"queue {1000 * (after[s_key] - before[s_key]) / (after[c_key] - before[c_key]):.0f}ms")
+    return " ".join(parts) or "no vLLM metrics"
+
+
+def _level(t: dict[str, Any]) -> str:
+    good = f" goodput {t['goodput_per_s']:.1f}/s" if t.get("goodput_per_s") is not None else ""
+    tok = f" {t['input_tokens_per_s']:.0f} tok/s" if t.get("input_tokens_per_s") is not None else ""
+    return (f"{t['requests_per_s']:.1f} req/s{good}{tok} p50 {_pct(t, 'p50')} p99 {_pct(t, 'p99')}ms n={t.get('n', 0)} "
+            f"err {t['errors']} | {_server(t.get('metrics') or {})}")
+
+
 def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None) -> list[str]:
-    """The report as the field report's two tables (latency; accuracy / 4q latency / extra GPUs / Decision
-    Index), plus calibration, throughput per concurrency and memory; the published rows marked as such."""
+    """The report as the field report's two tables (latency; accuracy / 4q latency / GPUs / Decision Index), each
+    figure with its n and accuracy with its 95 % Wilson interval, then accuracy per question type and per tag,
+    calibration (proper scores, confidences, reliability bins), closed-loop and request-rate load per level with the
+    server's /metrics, and memory; the published rows marked as such."""
     published = published or {}
     sim = report.get("simulated")
     tag = " [SIMULATED]" if sim else ""
@@ -328,35 +478,66 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
         return f"{i['host']}/{i['name']} ({i['model']}){' [SIMULATED]' if i['simulated'] else ''}"
 
     insts = [i for i in report.get("instances") or [] if i.get("health") == 200]
-    rows = [(who(i), *(f"{_ms((i['latency'].get(q) or {}).get('p50'))} / {_ms((i['latency'].get(q) or {}).get('p95'))} / "
-                        f"{_ms((i['latency'].get(q) or {}).get('p99'))} ms" for q in ("q2", "q4"))) for i in insts]
+    rows = [(who(i), *(_lat(i["latency"].get(q) or {}) for q in ("q2", "q4"))) for i in insts]
     rows += [(f"{p['config']} [published: {p.get('source', 'field report')}]", f"~{p['q2_ms']}ms" if p.get("q2_ms") else "-",
               f"~{p['q4_ms']}ms" if p.get("q4_ms") else "-") for p in published.get("latency") or []]
-    lines += [f"Latency{tag} (p50 / p95 / p99, one request at a time)"]
+    lines += [f"Latency{tag} (p50 / p95 / p99 and n, one request at a time)",
+              "  a pQ needs n >= 100/(100-Q) (p95: 20, p99: 100), else it is the largest samples: shown as such"]
     lines += _grid(("Config", "2-question latency", "4-question latency"), rows)
 
     rows = []
     for i in insts:
         s = i["score"]
-        rows.append((who(i), f"{s['correct']}/{s['total']}", f"{_ms((i['latency'].get('q4') or {}).get('p50'))}ms",
-                     str(i["gpu_count"]), "-" if i["decision_index"] is None else str(i["decision_index"]),
-                     "-" if s["brier"] is None else f"{s['brier']:.3f}",
-                     "/".join("-" if s[k] is None else f"{s[k]:.2f}" for k in ("confidence_right", "confidence_wrong"))))
-    rows += [(f"{p['model']} [published: {p.get('source', 'field report')}]", f"{p['correct']}/{p['total']}", f"{p['q4_ms']}ms",
-              str(p.get("extra_gpus", "-")), str(p.get("decision_index", "-")), "-", "-") for p in published.get("accuracy") or []]
+        rows.append((who(i), _acc(s), f"{_pct(i['latency'].get('q4') or {}, 'p50')}ms", str(i["gpu_count"]),
+                     "-" if i["decision_index"] is None else str(i["decision_index"])))
+    rows += [(f"{p['model']} [published: {p.get('source', 'field report')}, its own {p['total']} questions]",
+              _acc({"correct": p["correct"], "total": p["total"], "accuracy": p["correct"] / p["total"],
+                    "interval": list(wilson(p["correct"], p["total"]) or (0, 0))}),
+              f"{p['q4_ms']}ms", "-" if p.get("gpus") is None else str(p["gpus"]),
+              str(p.get("decision_index", "-"))) for p in published.get("accuracy") or []]
     lines += ["", f"Accuracy{tag} (suite {report['suite']['name']}: {report['suite']['cases']} cases, "
-              f"{report['suite']['questions']} questions)"]
-    lines += _grid(("Model", "Accuracy", "4q Latency", "GPUs", "Decision Index", "Brier", "conf right/wrong"), rows)
+              f"{report['suite']['questions']} questions; [95 % Wilson interval])",
+              "  GPUs: total per instance; the published totals read from the report's 'Extra GPUs' (d3_bench_published)"]
+    lines += _grid(("Model", "Accuracy", "4q p50", "GPUs", "Decision Index"), rows)
 
+    kinds = [k for k in TYPES if any(k in (i["score"].get("by_type") or {}) for i in insts)]
+    tags = sorted({t for i in insts for t in i["score"].get("by_tag") or {}})
+    rows = [(who(i), *(_acc((i["score"].get("by_type") or {}).get(k) or {}) for k in kinds),
+             *(_acc((i["score"].get("by_tag") or {}).get(t) or {}) for t in tags)) for i in insts]
+    lines += ["", f"Accuracy per question type and per case tag{tag} [95 % Wilson interval]"]
+    lines += _grid(("Instance", *kinds, *(f"tag {t}" for t in tags)), rows)
+
+    rows = [(who(i), _calib(i["score"]), _confs(i["score"])) for i in insts]
+    lines += ["", f"Calibration{tag} (0 is perfect: multi-class Brier (choice), binary Brier (noul), RPS (score))",
+              "  mean confidence right/wrong: p(given) of the answer given; API: the answer's own `confidence`"]
+    lines += _grid(("Instance", "proper scores", "confidence right/wrong"), rows)
+
+    rows = []
+    for i in insts:
+        for b in (i["score"].get("reliability") or {}).get("confidence") or []:
+            rows.append((who(i), f"{b['low']:.1f}-{b['high']:.1f}", str(b["n"]), f"{b['confidence']:.2f}",
+                         _acc({"correct": round(b["accuracy"] * b["n"]), "total": b["n"], "accuracy": b["accuracy"],
+                               "interval": b["interval"]})))
+    lines += ["", f"Reliability{tag} (p(given) in bins against the accuracy observed in each)"]
+    lines += _grid(("Instance", "confidence bin", "n", "mean confidence", "accuracy [95 %]"), rows)
+
+    slo = (report.get("settings") or {}).get("slo_ms")
     levels = sorted({t["concurrency"] for i in insts for t in i["throughput"]})
     rows = []
     for i in insts:
         by = {t["concurrency"]: t for t in i["throughput"]}
-        rows.append((who(i), *(f"{by[c]['requests_per_s']:.1f} req/s {by[c]['questions_per_s']:.0f} q/s "
-                               f"p99 {_ms(by[c]['p99'])}ms err {by[c]['errors']}" if c in by else "-" for c in levels)))
-    lines += ["", f"Throughput{tag} (closed loop, {report.get('settings', {}).get('duration_s', '?')} s per level, "
-              "4-question requests)"]
-    lines += _grid(("Instance", *(f"concurrency {c}" for c in levels)), rows)
+        rows += [(who(i), str(c), _level(by[c])) for c in levels if c in by]
+    lines += ["", f"Throughput{tag}, closed loop ({report.get('settings', {}).get('duration_s', '?')} s per level, "
+              "4-question requests)",
+              f"  goodput: answers within {slo or '-'} ms per s; after |: the server's /metrics (halfway; queue: over the level)"]
+    lines += _grid(("Instance", "concurrency", "figures"), rows)
+    rows = []
+    for i in insts:
+        for t in i.get("rate") or []:
+            rows.append((who(i), f"{t['rate']:g}/s (offered {t['offered_per_s']:.1f})", _level(t)))
+    if rows:
+        lines += ["", f"Request rate{tag}, open loop (Poisson arrivals, sent on schedule whatever the answers do)"]
+        lines += _grid(("Instance", "rate", "figures"), rows)
 
     rows = [(who(i), ",".join(map(str, i["gpus"])) or "-",
              "-" if not i["memory"] or i["memory"]["used_mib"] is None else str(i["memory"]["used_mib"]),
@@ -371,13 +552,14 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
 
 
 class FilterModule:
-    """Ansible filters: d3_bench_requests, d3_bench_targets, d3_bench_report, d3_bench_table (score_cases is
-    d3_bench_report's scoring, not a filter of its own)."""
+    """Ansible filters: d3_bench_requests, d3_bench_targets, d3_bench_report, d3_bench_records, d3_bench_table
+    (score_cases is d3_bench_report's scoring, not a filter of its own)."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "d3_bench_requests": bench_requests,
             "d3_bench_targets": bench_targets,
             "d3_bench_report": bench_report,
+            "d3_bench_records": bench_records,
             "d3_bench_table": bench_table,
         }

@@ -5,24 +5,30 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: bench_plot
-short_description: Draw a bench report's plots (latency vs concurrency, accuracy vs 4-question latency)
+short_description: Draw a bench report's plots (latency vs load, one-at-a-time latency, accuracy, reliability)
 description:
   - Runs on the controller (C(delegate_to) V(localhost)) and needs matplotlib there (requirements.txt pins it).
-  - Writes C(<prefix>-latency-vs-concurrency.<format>) - the p50 latency of 4-question requests at each concurrency
-    level of the throughput pass, one line per instance (p99 dashed), and C(<prefix>-accuracy-vs-latency.<format>) -
-    accuracy on the suite against the 4-question p50 latency (one request at a time), one point per instance.
-  - The published figures (O(published), the field report's) are drawn beside the measured ones as hollow stars,
-    labelled "published".
-  - When the report is simulated (the lab's simulator) every plot says SIMULATED in its title and across its
-    area.
+  - Writes C(<prefix>-latency-vs-concurrency.<format>) - the closed loop, 4-question p50 at each measured
+    concurrency (the x axis shows exactly the measured levels), p99 only where its n reaches 100.
+  - C(<prefix>-one-at-a-time.<format>) - 2- and 4-question p50 one request at a time per instance, with the
+    published configurations (O(published) C(latency), the field report's d3 27B) beside them, where they belong.
+  - C(<prefix>-accuracy-vs-latency.<format>) - two panels - accuracy on the suite with its 95 % Wilson interval
+    against the 4-question p50, and the published accuracies on their own questions, each panel against its own
+    suite only.
+  - C(<prefix>-reliability.<format>) - the confidence of the answer given, in bins, against the accuracy observed
+    in each (with its interval), the diagonal being perfect calibration.
+  - C(<prefix>-load.<format>) (when the report has an open-loop pass) - latency p50 and goodput against the
+    offered request rate, the closed loop's levels beside them at the rate they reached.
+  - Legends sit outside the axes. When the report is simulated (the lab's simulator) every plot says SIMULATED in
+    its title and across its area.
 options:
   report:
     description: The bench report (the d3fleet.fleet.d3_bench_report filter's output).
     type: dict
     required: true
   published:
-    description: Published figures - C(source), C(latency) (items with C(config), C(q4_ms)) and C(accuracy) (items
-      with C(model), C(correct), C(total), C(q4_ms)).
+    description: Published figures - C(source), C(latency) (items with C(config), C(q2_ms), C(q4_ms)) and
+      C(accuracy) (items with C(model), C(correct), C(total), C(q4_ms)).
     type: dict
     default: {}
   dest:
@@ -65,6 +71,7 @@ import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats import wilson
 
 try:
     import matplotlib
@@ -77,67 +84,148 @@ except ImportError:
     HAS_MPL, MPL_ERROR = False, traceback.format_exc()
 
 SIM_MARK = "SIMULATED (lab stand-in): not a property of D3"
-MARKERS = ("*", "P", "X", "D", "^", "v", "s", "o")
+NAMES = ("latency-vs-concurrency", "one-at-a-time", "accuracy-vs-latency", "reliability", "load")
 
 
 def _who(inst: dict) -> str:
     return f"{inst['host']}/{inst['name']} ({inst['model']})"
 
 
-def _decorate(fig, ax, title: str, report: dict) -> None:
-    if report.get("simulated"):
-        ax.set_title(f"{title}\n{SIM_MARK}", fontsize=10, color="darkred")
+def _z95_wilson(k: int, n: int) -> tuple[float, float]:
+    return wilson(k, n) or (0.0, 0.0)
+
+
+def _finish(fig, axes: list, title: str, report: dict, path: str) -> None:
+    """Title (and the SIMULATED mark), grids, legends outside the axes on the right, saved and closed."""
+    sim = report.get("simulated")
+    fig.suptitle(f"{title}\n{SIM_MARK}" if sim else title, fontsize=10, color="darkred" if sim else "black")
+    if sim:
         fig.text(0.5, 0.5, "SIMULATED", fontsize=54, color="red", alpha=0.12, ha="center", va="center", rotation=25)
-    else:
-        ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _healthy(report: dict) -> list[dict]:
+    return [i for i in report.get("instances") or [] if i.get("health", 200) == 200]
 
 
 def latency_vs_concurrency(report: dict, published: dict, path: str) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    for inst in report.get("instances") or []:
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    levels: set[int] = set()
+    for inst in _healthy(report):
         rows = sorted((t for t in inst.get("throughput") or [] if t.get("p50") is not None), key=lambda t: t["concurrency"])
         if not rows:
             continue
         xs = [t["concurrency"] for t in rows]
+        levels.update(xs)
         (line,) = ax.plot(xs, [t["p50"] for t in rows], marker="o", label=f"{_who(inst)} p50")
-        ax.plot(xs, [t["p99"] for t in rows], linestyle="--", color=line.get_color(), alpha=0.6, label=f"{_who(inst)} p99")
-    src = published.get("source", "published")
-    points = [(p["config"], p["q4_ms"]) for p in published.get("latency") or [] if p.get("q4_ms")]
-    points += [(p["model"], p["q4_ms"]) for p in published.get("accuracy") or [] if p.get("q4_ms")]
-    for n, (what, ms) in enumerate(points):
-        ax.scatter([1], [ms], marker=MARKERS[n % len(MARKERS)], s=120, facecolors="none", edgecolors="black",
-                   zorder=5, label=f"published ({src}), one at a time: {what}, {ms} ms")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (requests in flight)")
+        tail = [t for t in rows if (t.get("n") or 0) >= 100 and t.get("p99") is not None]
+        if tail:
+            ax.plot([t["concurrency"] for t in tail], [t["p99"] for t in tail], linestyle="--", marker="x",
+                    color=line.get_color(), alpha=0.6, label=f"{_who(inst)} p99 (n >= 100)")
+    if levels:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(levels), [str(c) for c in sorted(levels)])
+        ax.minorticks_off()
+    ax.set_xlabel("concurrency (requests in flight, closed loop): the measured levels")
     ax.set_ylabel("4-question request latency (ms)")
-    _decorate(fig, ax, "Latency vs concurrency per model (4-question requests)", report)
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(fig, [ax], "Latency vs concurrency per instance (4-question requests)", report, path)
+
+
+def one_at_a_time(report: dict, published: dict, path: str) -> None:
+    rows = [(_who(i), (i.get("latency") or {}).get("q2", {}).get("p50"), (i.get("latency") or {}).get("q4", {}).get("p50"), False)
+            for i in _healthy(report)]
+    src = published.get("source", "published")
+    rows += [(f"{p['config']} [published: {src}]", p.get("q2_ms"), p.get("q4_ms"), True) for p in published.get("latency") or []]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.6), dpi=110)
+    ys = list(range(len(rows)))
+    for offset, key, label in ((-0.2, 1, "2 questions"), (0.2, 2, "4 questions")):
+        vals = [r[key] or 0 for r in rows]
+        bars = ax.barh([y + offset for y in ys], vals, height=0.38, label=f"{label}, p50", color=f"C{key - 1}")
+        for bar, r in zip(bars, rows, strict=True):
+            if r[3]:
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
+    ax.set_yticks(ys, [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("latency, one request at a time (ms); hatched: published, not measured here")
+    _finish(fig, [ax], "One request at a time: measured p50 and the published configurations", report, path)
 
 
 def accuracy_vs_latency(report: dict, published: dict, path: str) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    for inst in report.get("instances") or []:
-        q4 = (inst.get("latency") or {}).get("q4") or {}
-        acc = (inst.get("score") or {}).get("accuracy")
-        if q4.get("p50") is None or acc is None:
-            continue
-        ax.scatter([q4["p50"]], [acc], s=50, label=f"{_who(inst)}: {inst['score']['correct']}/{inst['score']['total']}")
-    src = published.get("source", "published")
-    for n, p in enumerate(published.get("accuracy") or []):
-        ax.scatter([p["q4_ms"]], [p["correct"] / p["total"]], marker=MARKERS[n % len(MARKERS)], s=120, facecolors="none",
-                   edgecolors="black", zorder=5,
-                   label=f"published ({src}, its own {p['total']} questions): {p['model']} {p['correct']}/{p['total']}")
-    ax.set_xlabel("4-question latency, p50, one request at a time (ms)")
-    ax.set_ylabel("accuracy on the suite")
-    ax.set_ylim(-0.02, 1.05)
+    fig, (ax, pub) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110, sharey=True)
     suite = report.get("suite") or {}
-    _decorate(fig, ax, f"Accuracy vs 4-question latency (suite {suite.get('name')}, {suite.get('questions')} questions)", report)
-    fig.savefig(path)
-    plt.close(fig)
+    for inst in _healthy(report):
+        q4 = (inst.get("latency") or {}).get("q4") or {}
+        score = inst.get("score") or {}
+        if q4.get("p50") is None or not score.get("total"):
+            continue
+        acc = score["correct"] / score["total"]
+        lo, hi = score.get("interval") or _z95_wilson(score["correct"], score["total"])
+        ax.errorbar([q4["p50"]], [acc], yerr=[[acc - lo], [hi - acc]], fmt="o", capsize=4,
+                    label=f"{_who(inst)}: {score['correct']}/{score['total']}")
+    ax.set_xlabel("4-question latency, p50, one request at a time (ms)")
+    ax.set_ylabel("accuracy [95 % Wilson interval]")
+    ax.set_title(f"measured: suite {suite.get('name')}, {suite.get('questions')} questions", fontsize=9)
+    ax.set_ylim(-0.02, 1.05)
+    src = published.get("source", "published")
+    for p in published.get("accuracy") or []:
+        acc = p["correct"] / p["total"]
+        lo, hi = _z95_wilson(p["correct"], p["total"])
+        pub.errorbar([p["q4_ms"]], [acc], yerr=[[acc - lo], [hi - acc]], fmt="s", mfc="none", capsize=4,
+                     label=f"{p['model']} {p['correct']}/{p['total']}")
+    pub.set_xlabel("4-question latency (ms), as published")
+    pub.set_title(f"published ({src}): its own questions, another suite", fontsize=9)
+    _finish(fig, [ax, pub], "Accuracy vs 4-question latency, each against its own suite", report, path)
+
+
+def reliability(report: dict, published: dict, path: str) -> None:
+    fig, ax = plt.subplots(figsize=(6.5, 5), dpi=110)
+    ax.plot([0, 1], [0, 1], color="black", linewidth=0.8, linestyle=":", label="perfect calibration")
+    for inst in _healthy(report):
+        bins = ((inst.get("score") or {}).get("reliability") or {}).get("confidence") or []
+        if bins:
+            ax.errorbar([b["confidence"] for b in bins], [b["accuracy"] for b in bins],
+                        yerr=[[b["accuracy"] - b["interval"][0] for b in bins], [b["interval"][1] - b["accuracy"] for b in bins]],
+                        fmt="o-", capsize=3, label=f"{_who(inst)} (n={sum(b['n'] for b in bins)})")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_xlabel("confidence of the answer given (mean per bin of 0.2)")
+    ax.set_ylabel("accuracy observed in the bin [95 %]")
+    _finish(fig, [ax], "Reliability: confidence against observed accuracy", report, path)
+
+
+def load(report: dict, published: dict, path: str) -> None:
+    fig, (lat, good) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
+    for n, inst in enumerate(i for i in _healthy(report) if i.get("rate")):
+        rows = sorted(inst["rate"], key=lambda t: t["offered_per_s"])
+        colour = f"C{n}"
+        xs = [t["offered_per_s"] for t in rows]
+        lat.plot(xs, [t["p50"] for t in rows], marker="o", color=colour, label=f"{_who(inst)} open loop, p50")
+        good.plot(xs, [t.get("goodput_per_s") or 0 for t in rows], marker="o", color=colour,
+                  label=f"{_who(inst)} open loop, goodput")
+        closed = [t for t in inst.get("throughput") or [] if t.get("p50") is not None and t.get("requests_per_s")]
+        for t in closed:
+            lat.scatter([t["requests_per_s"]], [t["p50"]], marker="D", facecolors="none", edgecolors=colour, s=60, zorder=5,
+                        label=f"{_who(inst)} closed loop c={t['concurrency']}")
+            good.scatter([t["requests_per_s"]], [t.get("goodput_per_s") or 0], marker="D", facecolors="none",
+                         edgecolors=colour, s=60, zorder=5, label=f"{_who(inst)} closed loop c={t['concurrency']}")
+        good.plot(xs, xs, color="grey", linestyle=":", linewidth=0.8, label="offered (all within the objective)" if n == 0 else None)
+    slo = (report.get("settings") or {}).get("slo_ms")
+    lat.set_xlabel("request rate (req/s): offered (open loop), reached (closed loop)")
+    lat.set_ylabel("4-question latency p50 (ms)")
+    lat.set_yscale("log")
+    good.set_xlabel("request rate (req/s): offered (open loop), reached (closed loop)")
+    good.set_ylabel(f"goodput: answers within {slo} ms per s")
+    _finish(fig, [lat, good], "Open loop (Poisson arrivals) against the closed loop", report, path)
+
+
+DRAW = {"latency-vs-concurrency": latency_vs_concurrency, "one-at-a-time": one_at_a_time,
+        "accuracy-vs-latency": accuracy_vs_latency, "reliability": reliability, "load": load}
 
 
 def main() -> None:
@@ -154,12 +242,14 @@ def main() -> None:
     if not HAS_MPL:
         module.fail_json(msg=missing_required_lib("matplotlib"), exception=MPL_ERROR)
     p = module.params
-    paths = [os.path.join(p["dest"], f"{p['prefix']}-{name}.{p['format']}") for name in ("latency-vs-concurrency", "accuracy-vs-latency")]
+    has_rate = any(i.get("rate") for i in p["report"].get("instances") or [])
+    names = [n for n in NAMES if n != "load" or has_rate]
+    paths = [os.path.join(p["dest"], f"{p['prefix']}-{name}.{p['format']}") for name in names]
     if module.check_mode:
         module.exit_json(changed=True, plots=paths)
     os.makedirs(p["dest"], exist_ok=True)
-    latency_vs_concurrency(p["report"], p["published"], paths[0])
-    accuracy_vs_latency(p["report"], p["published"], paths[1])
+    for name, path in zip(names, paths, strict=True):
+        DRAW[name](p["report"], p["published"], path)
     module.exit_json(changed=True, plots=paths)
 
 

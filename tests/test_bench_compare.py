@@ -37,17 +37,37 @@ def test_newcombe_interval_of_a_difference() -> None:
     assert same["changed"] is False and same["interval"][0] < 0 < same["interval"][1]
 
 
-def test_latency_flagged_only_when_the_ranges_do_not_overlap() -> None:
-    slower = bc.latency_diff({"samples_ms": [100, 110], "n": 2, "p50": 105}, {"samples_ms": [150, 160], "n": 2, "p50": 155})
-    assert slower == {"old": 105, "new": 155, "diff": 50, "interval": [40, 60], "changed": True, "n": [2, 2]}
-    overlap = bc.latency_diff({"samples_ms": [100, 140], "n": 2, "p50": 120}, {"samples_ms": [130, 150], "n": 2, "p50": 140})
-    assert overlap["changed"] is False
+def test_mann_whitney_counts_and_the_shift_interval() -> None:
+    assert bc.u_counts(2, 2) == [1, 1, 2, 1, 1] and sum(bc.u_counts(4, 4)) == 70 and sum(bc.u_counts(6, 5)) == 462
+    assert bc.u_counts(3, 1) == [1, 1, 1, 1] and bc.u_counts(0, 3) == [1]
+    # 4 a side, all new above all old: the interval is the range of the differences (k = 1), p = 2/70
+    shift, interval, p = bc.shift_interval([100, 110, 104, 106], [150, 160, 151, 158])
+    assert (shift, interval, p) == (50.0, [40, 60], pytest.approx(2 / 70))
+    # 6 a side with one overlap (an outlier in the old run): still an interval above 0 (k = 6), p = 2 x 2/924
+    shift, interval, p = bc.shift_interval([13.4, 13.6, 15.9, 18.2, 13.5, 14.0], [17.0, 20.1, 21.0, 20.5, 22.3, 27.3])
+    assert interval[0] > 0 and p == pytest.approx(4 / 924) and shift == pytest.approx(6.65) and interval == pytest.approx([3.0, 9.1])
+    # 3 a side: too few for a 95 % interval
+    assert bc.shift_interval([1, 2, 3], [10, 11, 12])[1] is None
+
+
+def test_latency_flagged_only_when_the_interval_excludes_0() -> None:
+    old, new = [100, 110, 104, 106], [150, 160, 151, 158]
+    slower = bc.latency_diff({"samples_ms": old, "n": 4, "p50": 105}, {"samples_ms": new, "n": 4, "p50": 155})
+    assert slower == {"old": 105, "new": 155, "diff": 50.0, "interval": [40, 60], "p": 0.0286, "changed": True, "n": [4, 4]}
+    faster = bc.latency_diff({"samples_ms": new, "n": 4, "p50": 155}, {"samples_ms": old, "n": 4, "p50": 105})
+    assert faster["changed"] is True and faster["interval"] == [-60, -40]
+    few = bc.latency_diff({"samples_ms": [100, 110], "n": 2, "p50": 105}, {"samples_ms": [150, 160], "n": 2, "p50": 155})
+    assert few["interval"] is None and few["changed"] is False and few["p"] == 0.3333
+    same = bc.latency_diff({"samples_ms": [100, 140, 120, 121], "n": 4, "p50": 120},
+                           {"samples_ms": [130, 150, 119, 122], "n": 4, "p50": 126})
+    assert same["changed"] is False and same["interval"][0] < 0 < same["interval"][1]
     assert bc.latency_diff({}, {"samples_ms": [1.0]}) is None
+    assert "too few samples for an interval" in bc._flag(few, "{:.0f}")
 
 
 def test_compare_table_and_plot(tmp_path: Path) -> None:
-    old = report(inst("a", 17, [100.0, 102.0, 101.0]), inst("gone", 1, [1.0]), generated="monday")
-    new = report(inst("a", 16, [150.0, 152.0, 151.0], image="img@sha256:2"), inst("down", 1, [1.0], health=503),
+    old = report(inst("a", 17, [100.0, 102.0, 101.0, 103.0]), inst("gone", 1, [1.0]), generated="monday")
+    new = report(inst("a", 16, [150.0, 152.0, 151.0, 149.0], image="img@sha256:2"), inst("down", 1, [1.0], health=503),
                  generated="tuesday")
     rows = bc.compare(old, new)
     assert [r["instance"] for r in rows] == ["h/a"]  # only what both runs benched

@@ -56,7 +56,7 @@ def test_ranked_probability_score() -> None:
     assert st.rps([0.2, 0.5, 0.3], 1) == pytest.approx(0.065)
     assert st.rps([0.5, 0.5, 0.0], 2) > st.rps([0.0, 0.5, 0.5], 2)
     assert st.rps([0.3, 0.7], 0) == pytest.approx(0.49)  # two levels: the binary Brier
-    with pytest.raises(ValueError, match="at least two levels"):
+    with pytest.raises(ValueError, match=r"^a ranked probability score needs at least two levels$"):
         st.rps([1.0], 0)
 
 
@@ -66,9 +66,9 @@ def test_parse_metrics_sums_engines_and_skips_what_is_not_there() -> None:
         "# TYPE vllm:num_requests_running gauge",
         'vllm:num_requests_running{engine="0",model_name="m"} 3.0',
         'vllm:num_requests_running{engine="1",model_name="m"} 2.0',
+        "vllm:num_requests_waiting{} NaNx",
         "vllm:kv_cache_usage_perc 0.25",
         'vllm:request_queue_time_seconds_sum{engine="0"} 1.5e-01',
-        "vllm:num_requests_waiting{} NaNx",
         "garbage line",
     ])
     got = st.parse_metrics(page, ["vllm:num_requests_running", "vllm:kv_cache_usage_perc",

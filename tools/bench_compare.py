@@ -7,8 +7,9 @@ and one plot of the differences, each difference flagged only when it is larger 
 Per instance present in both (host/name): accuracy, its difference with Newcombe's hybrid score interval (R. G.
 Newcombe, "Interval estimation for the difference between independent proportions", Statistics in Medicine 17
 (1998) 873-890, method 10: from the two 95 % Wilson intervals), flagged when the interval excludes 0; the 2- and
-4-question latency p50 (one at a time), the difference flagged when the two runs' sample ranges do not overlap
-(every new sample above, or below, every old one); the three calibration scores and the closed-loop requests/s per
+4-question latency (one at a time): the Hodges-Lehmann shift of the two runs' samples with its distribution-free
+95 % interval (Moses, from the exact Mann-Whitney distribution; at least 4 samples a side), flagged when it excludes
+0; the three calibration scores and the closed-loop requests/s per
 concurrency, shown without a flag (the report carries no interval for them). Exit code 0; the flags are in the
 table (`CHANGED`)."""
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,14 +42,46 @@ def accuracy_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"old": p1, "new": p2, "diff": d, "interval": [low, high], "changed": not low <= 0.0 <= high}
 
 
-def latency_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
-    """new - old p50 (ms); the interval is the differences the two sample ranges allow; changed when it excludes 0."""
+def u_counts(m: int, n: int) -> list[int]:
+    """How many of the C(m + n, m) orderings of two samples give each Mann-Whitney U (0..m*n) when nothing changed
+    (Mann and Whitney 1947): f(m, n, u) = f(m - 1, n, u - n) + f(m, n - 1, u)."""
+    table = {(0, j): [1] for j in range(n + 1)} | {(i, 0): [1] for i in range(m + 1)}
+    for i in range(1, m + 1):
+        for j in range(1, n + 1):
+            a, b = table[(i - 1, j)], table[(i, j - 1)]
+            table[(i, j)] = [(a[u - j] if 0 <= u - j < len(a) else 0) + (b[u] if u < len(b) else 0) for u in range(i * j + 1)]
+    return table[(m, n)]
+
+
+def shift_interval(old: list[float], new: list[float], alpha: float = 0.05) -> tuple[float, list[float] | None, float]:
+    """(Hodges-Lehmann shift new - old, its distribution-free 1 - alpha interval or None when the samples are too few
+    for one, the exact two-sided Mann-Whitney p): the interval runs from the k-th smallest to the k-th largest of the
+    m x n pairwise differences, k the largest with P(U < k) <= alpha / 2 (Moses; Hollander and Wolfe, Nonparametric
+    Statistical Methods, 4.3). It excludes 0 exactly when the test rejects at alpha."""
+    m, n = len(old), len(new)
+    diffs = sorted(y - x for y in new for x in old)
+    counts = u_counts(m, n)
+    total = sum(counts)
+    cdf, k = 0.0, 0
+    for u, c in enumerate(counts):
+        cdf += c / total
+        if cdf > alpha / 2:
+            k = u
+            break
+    below = sum(1 for d in diffs if d < 0) + 0.5 * sum(1 for d in diffs if d == 0)
+    u_min = min(below, m * n - below)
+    p = min(1.0, 2 * sum(c for u, c in enumerate(counts) if u <= u_min) / total)
+    return statistics.median(diffs), ([diffs[k - 1], diffs[-k]] if k >= 1 else None), p
+
+
+def latency_diff(a: dict[str, Any], b: dict[str, Any], alpha: float = 0.05) -> dict[str, Any] | None:
+    """new - old latency (ms) from the two runs' samples: the Hodges-Lehmann shift with its 95 % interval; changed
+    when the interval excludes 0 (never with fewer than 4 samples a side: no interval)."""
     if not a.get("samples_ms") or not b.get("samples_ms"):
         return None
-    lo = min(b["samples_ms"]) - max(a["samples_ms"])
-    hi = max(b["samples_ms"]) - min(a["samples_ms"])
-    return {"old": a["p50"], "new": b["p50"], "diff": b["p50"] - a["p50"], "interval": [lo, hi],
-            "changed": not lo <= 0.0 <= hi, "n": [a["n"], b["n"]]}
+    shift, interval, p = shift_interval(a["samples_ms"], b["samples_ms"], alpha)
+    return {"old": a["p50"], "new": b["p50"], "diff": shift, "interval": interval, "p": round(p, 4),
+            "changed": interval is not None and not interval[0] <= 0.0 <= interval[1], "n": [a["n"], b["n"]]}
 
 
 def compare(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
@@ -77,6 +111,8 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
 def _flag(d: dict[str, Any] | None, fmt: str) -> str:
     if not d:
         return "-"
+    if d["interval"] is None:
+        return f"{fmt.format(d['old'])} -> {fmt.format(d['new'])} ({d['diff']:+.3g}; too few samples for an interval)"
     lo, hi = d["interval"]
     return f"{fmt.format(d['old'])} -> {fmt.format(d['new'])} ({d['diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]){' CHANGED' if d['changed'] else ''}"
 
@@ -106,7 +142,7 @@ def plot(rows: list[dict[str, Any]], path: str, simulated: bool) -> None:
     for ax, what, label in ((left, "accuracy", "accuracy, new - old"), (right, "q4", "4-question p50, new - old (ms)")):
         for y, r in zip(ys, rows, strict=True):
             d = r["accuracy"] if what == "accuracy" else r["latency"]["q4"]
-            if not d:
+            if not d or d["interval"] is None:
                 continue
             lo, hi = d["interval"]
             colour = "tab:red" if d["changed"] else "tab:grey"

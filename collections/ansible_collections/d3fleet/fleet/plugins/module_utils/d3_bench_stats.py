@@ -117,8 +117,8 @@ def parse_metrics(text: str, names: list[str]) -> dict[str, float | None]:
     name the page does not carry (an older or other server)."""
     found: dict[str, float] = {}
     for line in (text or "").splitlines():
-        m = SAMPLE.match(line.strip())
-        if not m or line.startswith("#"):
+        m = SAMPLE.match(line.strip())  # a "# HELP" or "# TYPE" line does not match
+        if not m:
             continue
         name = m.group(1)
         if name in names:

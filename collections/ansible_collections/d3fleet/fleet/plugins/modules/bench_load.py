@@ -476,7 +476,7 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
         threads.append(t)
     for t in threads:
         t.join(max(0.0, begin + duration_s + timeout + 5.0 - time.perf_counter()))
-    elapsed = time.perf_counter() - begin
+    elapsed = max(duration_s, time.perf_counter() - begin)  # the level lasts its schedule, or until the last answer
     with lock:
         stuck = sum(t.is_alive() for t in threads)
         ok = [r["ms"] for r in recs if r["status"] == 200]

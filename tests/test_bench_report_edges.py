@@ -494,3 +494,24 @@ def test_table_of_a_measured_report_without_published_rows() -> None:
         'Instance   GPUs  used MiB  planned MiB  shares GPUs with',
         'h/z (m-z)  0     -         -            -',
     ]
+
+
+# --------------------------------------------------------------------------------------------- the JSON lines
+def test_records_are_the_requests_with_what_a_recompute_needs() -> None:
+    s = suite(cases=[{"id": "a", "state": "s", "tags": ["trick"], "expect": {"team": "billing", "tone": "calm"}},
+                     {"id": 7, "state": "s", "expect": {"refund": False}}])
+    acc = {"phase": "accuracy", "case": "a", "sent": 1.0, "received": 1.5, "status": 200, "answers": {"team": {}}}
+    host = {"host": "h", "results": [
+        {"name": "i", "records": [acc, {"phase": "accuracy", "case": 7, "status": 500, "answers": None},
+                                  {"phase": "accuracy", "case": "unknown", "status": 200},
+                                  {"phase": "open", "rate": 8.0, "case": "a", "status": 200}]},
+        {"name": "j"}]}
+    lines = b.bench_records([host, {"host": "empty"}], s)
+    assert lines[0] == {"host": "h", "instance": "i", **acc, "tags": ["trick"], "expect": {
+        "team": {"type": "choice", "expected": "billing"},
+        "tone": {"type": "score", "expected": "calm", "levels": ["calm", "annoyed", "furious"]}}}
+    assert lines[1] == {"host": "h", "instance": "i", "phase": "accuracy", "case": 7, "status": 500, "answers": None,
+                        "tags": [], "expect": {"refund": {"type": "noul", "expected": False}}}
+    # a case the suite does not have, and the load passes: as recorded
+    assert lines[2:] == [{"host": "h", "instance": "i", "phase": "accuracy", "case": "unknown", "status": 200},
+                         {"host": "h", "instance": "i", "phase": "open", "rate": 8.0, "case": "a", "status": 200}]

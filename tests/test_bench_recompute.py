@@ -1,6 +1,7 @@
-"""docs/bench.md's "Recomputing the report" script, run on a recorded lab run (tests/data/bench/: the report and its
-JSONL, from tests/lab/test_bench.py on the lab, SIMULATED): it finds the report's n, accuracy, Wilson intervals and
-the three calibration scores from the JSONL alone."""
+"""docs/bench.md's "Recomputing the report" script, run on a recorded lab run (tests/data/bench/: tests/lab/test_bench.py
+on the lab, 2026-12-01, SIMULATED; the JSONL's accuracy lines - the load lines left out - and the report without its
+per-question rows): it finds the report's n, accuracy, Wilson intervals and the three calibration scores from the
+JSONL alone."""
 
 from __future__ import annotations
 

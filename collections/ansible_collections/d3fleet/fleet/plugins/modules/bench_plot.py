@@ -104,7 +104,11 @@ def _finish(fig, axes: list, title: str, report: dict, path: str) -> None:
     for ax in axes:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+            # outside the axes: on the right of a single plot, under each of several side by side
+            where = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0)} if len(axes) == 1 else {
+                "loc": "upper left", "bbox_to_anchor": (0.0, -0.3)}
+            ax.legend(fontsize=7, borderaxespad=0.0, **where)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))  # room for the two-line title
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 

@@ -6,7 +6,11 @@ Nothing here is a real model. Each repository under ``<mirrors>/models/vllm-sr/<
 (fixed author, committer and dates, no signing), so the commit SHAs are identical on every machine:
 
 * ``v3.0.0`` - an older revision (tagged), to test that revision pinning really pins;
-* ``v3.1.0`` - the newest revision (tagged, ``main``); the lab inventory pins this one.
+* ``v3.1.0`` - the revision the lab pinned until 2026-12-01 (tagged);
+* ``v3.2.0`` - the newest revision (tagged, ``main``); the lab inventory pins this one. Its ``config.json`` is the
+  size's from ``tests/contracts/d3-architectures.json`` (the real base's architecture numbers: layers, layer types,
+  heads, Gated DeltaNet state dims), which the vLLM simulator reads at startup as vLLM does; v3.0.0 and v3.1.0 keep
+  the earlier flat stand-in config.json so that the SHAs already pinned stay valid.
 
 Files per revision: ``config.json`` (the D3 architecture on the Qwen3.5 backbone), ``decision_config.json``,
 ``README.md`` (model card saying it is a lab stand-in) and ``model.safetensors``: a real safetensors file with
@@ -129,11 +133,17 @@ BF16_BYTES_PER_PARAM = 2
 FULL_ATTENTION_INTERVAL = 4  # Qwen3.5 GDN hybrid: every 4th layer is full attention (field report)
 MAX_POSITION_EMBEDDINGS = 262144  # "All models have max_position_embeddings: 262144" (field report)
 
-# (tag, date, message): the older revision first; the last one is ``main`` and the pinned one.
+# (tag, date, message): the older revisions first; the last one is ``main`` and the pinned one.
 RELEASES: list[tuple[str, str, str]] = [
     ("v3.0.0", "2026-08-20T12:00:00+00:00", "Lab stand-in release v3.0.0"),
     ("v3.1.0", "2026-10-11T12:00:00+00:00", "Lab stand-in release v3.1.0"),
+    ("v3.2.0", "2026-12-01T12:00:00+00:00", "Lab stand-in release v3.2.0: config.json with the real architecture numbers"),
 ]
+# Releases whose config.json is the early flat stand-in (legacy_config_json), kept byte-identical so that the commit
+# SHAs inventories already pin stay valid; later releases serve ARCHITECTURES' config.json.
+LEGACY_RELEASES = ("v3.0.0", "v3.1.0")
+# Per size, the real base's config.json numbers with their sources (written by the capacity work; config.json-shaped)
+ARCHITECTURES = Path(__file__).resolve().parents[2] / "tests" / "contracts" / "d3-architectures.json"
 AUTHOR = ("D3 Lab Stand-in", "lab-stand-in@d3-fleet.invalid")
 
 
@@ -144,10 +154,21 @@ def simulated_bytes(name: str) -> int:
     return MODELS[name].params * BF16_BYTES_PER_PARAM
 
 
-def config_json(name: str) -> dict[str, object]:
+def config_json(name: str, release: str = RELEASES[-1][0]) -> dict[str, object]:
+    """config.json of a size or variant at a release: a variant is its base size's plus its quantization_config."""
     if name in VARIANTS:
         v = VARIANTS[name]
-        return {**config_json(v.base), "quantization_config": v.quantization_config}
+        return {**config_json(v.base, release), "quantization_config": v.quantization_config}
+    if release in LEGACY_RELEASES:
+        return legacy_config_json(name)
+    entry = json.loads(ARCHITECTURES.read_text())["models"][name]
+    return {"_lab_stand_in": f"LAB STAND-IN repository; config.json numbers of {entry['base']} from "
+                             "tests/contracts/d3-architectures.json (sources named there)",
+            **entry["config"]}
+
+
+def legacy_config_json(name: str) -> dict[str, object]:
+    """The flat config.json of releases v3.0.0 and v3.1.0 (kept as it was: their commits are pinned)."""
     s = MODELS[name]
     layer_types = [
         "full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
@@ -243,7 +264,7 @@ def files_for(name: str, release: str, index: int) -> dict[str, bytes]:
 
     return {
         "README.md": readme(name, release).encode(),
-        "config.json": dump(config_json(name)),
+        "config.json": dump(config_json(name, release)),
         "decision_config.json": dump(decision_config_json(name, release)),
         "model.safetensors": safetensors_file(name, release, index),
     }

@@ -18,8 +18,12 @@ Memory model (per GPU, GiB; checked in vLLM's order, each failure exits 1 with v
             fp8 on a BF16 checkpoint (online FP8); a pre-quantized checkpoint (config.json quantization_config, see
             checkpoint_quantization) counts as it is, and --quantization that disagrees with it is refused like vLLM
   weights + RUNTIME_OVERHEAD_GIB (1.5) must fit the budget      -> torch.OutOfMemoryError
-  KV      = max_model_len x 2 (K,V) x full-attention layers (1 in 4) x ceil(kv_heads / TP) x head_dim
-            x (1 byte for fp8*, else 2) must fit budget - weights - overhead -> ValueError (max seq len)
+  KV pool = budget - weights - overhead (Worker.determine_available_memory: requested memory minus the profile run's
+            non-KV memory); its layout is vLLM's from the model's config.json (kv_layout: full-attention pages with the
+            attention block raised to hold a Gated DeltaNet state, state pages padded to it, layers in groups); one
+            sequence of max_model_len must fit -> ValueError (vLLM's "... larger than the available KV cache memory
+            ..."); then vLLM's two lines "GPU KV cache size: N tokens" and "Maximum concurrency for N tokens per
+            request: Xx"
   without --enforce-eager on a GPU <= 24 GiB: CUDA graph capture OOM (fixed 18.40 GiB vision-encoder probe).
 
 Driver (CUDA 13 image): driver >= 580, or >= 535 with VLLM_ENABLE_CUDA_COMPATIBILITY=1 (forward compatibility);
@@ -83,9 +87,11 @@ from typing import Any, NoReturn
 SIM_VERSION = "0.33.1.dev0+d3sim"  # what /version reports; "d3sim" marks the simulator
 GIB = 1024**3
 MIB = 1024**2
-# Fixed per-GPU runtime overhead (CUDA context, NCCL buffers, activation peak of the profiling run), in GiB.
-# Calibrated so that the field report's d3 (27B) FP8 TP=2 at --gpu-memory-utilization 0.95 and
-# --max-model-len 8192 fits an L4 (~20.8 GB in use) while the default 262144 positions do not.
+# STAND-IN term: vLLM's non-KV memory besides the weights is what its profile run measures (torch activation peak +
+# non-torch increase: CUDA context, NCCL buffers; gpu_worker.py determine_available_memory), which the simulator
+# cannot measure. It takes a fixed 1.5 GiB per GPU, chosen so that the field report's d3 (27B) FP8 TP=2 at
+# --gpu-memory-utilization 0.95 fits an L4 at --max-model-len 8192 (~20.8 GB in use) while the default 262144
+# positions do not. The real peak grows with --max-num-batched-tokens and the hidden size; this one does not.
 RUNTIME_OVERHEAD_GIB = 1.5
 # Field report: vLLM's profiling of the Qwen3.5 vision encoder during CUDA graph capture allocates a fixed 18.4 GB.
 VISION_PROBE_GIB = 18.40
@@ -175,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", nargs="+", default=None)
     p.add_argument("--max-num-batched-tokens", type=parse_len, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
+    # accepted like vLLM's (SchedulerConfig); the simulator's profile-run stand-in does not depend on it
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--disable-custom-all-reduce", action="store_true")
     p.add_argument("--uvicorn-log-level", choices=("debug", "info", "warning", "error", "critical", "trace"),
                    default="info")
@@ -530,21 +538,112 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, **tc} if isinstance(tc, dict) else config
 
 
-def kv_bytes_per_token(config: dict[str, Any], kv_dtype: str, tp: int) -> int:
-    """KV bytes per token per GPU. D3 (Qwen3.5 GDN hybrid): only 1 in 4 layers is full attention with KV cache."""
-    c = text_config(config)
-    layers = int(c.get("num_hidden_layers", 32))
+# vLLM's KV cache arithmetic for a Qwen3.5 Gated DeltaNet hybrid, per GPU (each TP rank holds every layer, a 1/TP
+# share of its heads). Sources, vllm-project/vllm:
+#  - vllm/v1/kv_cache_interface.py: a full-attention layer's page = 2 (K, V) x block_size x KV heads x head_dim x
+#    dtype bytes; FullAttentionSpec.max_memory_usage_bytes = cdiv(max_model_len, block_size) x page; a MambaSpec page
+#    = sum(prod(shape) x dtype bytes) of its states, padded to page_size_padded; one block per sequence
+#    (mamba_cache_mode "none": prefix caching off; UNCONFIRMED for D3's pooling runner), block_size = max_model_len.
+#  - vllm/model_executor/layers/mamba/mamba_utils.py MambaStateShapeCalculator.gated_delta_net_state_shape:
+#    conv_dim = head_k_dim x num_k_heads x 2 + head_v_dim x num_v_heads; conv state (kernel - 1, conv_dim / TP)
+#    in the model dtype, temporal state (num_v_heads / TP, head_v_dim, head_k_dim) in mamba_ssm_dtype.
+#  - vllm/platforms/interface.py _align_hybrid_block_size (earlier HybridAttentionMambaModelConfig in
+#    vllm/model_executor/models/config.py): attn_block_size = alignment x cdiv(mamba page, alignment x attention
+#    page of one token) ("Setting attention block size to %d tokens ..."), mamba page padded to the attention page.
+#  - vllm/v1/core/kv_cache_utils.py (commit 001cabc1): _get_kv_cache_groups_uniform_page_size (layers grouped by
+#    type in groups of min(#layers per type), or of the max when max < 1.5 x min), get_num_blocks
+#    (available // page // group_size), _max_memory_usage_bytes_from_groups (group_size x page x sum of blocks one
+#    max_model_len sequence needs per group), _check_enough_kv_cache_memory (the two ValueErrors, verbatim below),
+#    _report_kv_cache_config (GPU KV cache size = num_blocks // #groups x smallest block size;
+#    get_max_concurrency_for_kv_cache_config = num_blocks / blocks per sequence).
+# STAND-IN assumption: the alignment is 16, the default --block-size and the smallest kernel block of the CUDA
+# attention backends (max of the two in _align_hybrid_block_size); which backend an L4 picks is not simulated.
+KV_ALIGNMENT = 16
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+# Qwen3_5TextConfig's defaults (vllm/transformers_utils/configs/qwen3_5.py), used when config.json omits a key
+QWEN3_5_DEFAULTS = {"num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+                    "hidden_size": 4096, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+                    "full_attention_interval": 4}
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """One GPU's KV cache layout: attention tokens per block, the (uniform) page bytes of one block of one layer,
+    layers per group, and the number of full-attention and GDN-state groups."""
+
+    block_size: int
+    page_bytes: int
+    group_size: int
+    attn_groups: int
+    state_groups: int
+    state_page_bytes: int = 0  # the GDN state before padding (0: no GDN layers)
+
+    @property
+    def groups(self) -> int:
+        return self.attn_groups + self.state_groups
+
+    def blocks_per_sequence(self, max_len: int) -> int:
+        return self.attn_groups * cdiv(max_len, self.block_size) + self.state_groups
+
+    def needed_bytes(self, max_len: int) -> int:
+        """_max_memory_usage_bytes_from_groups: one sequence of max_len tokens."""
+        return self.group_size * self.page_bytes * self.blocks_per_sequence(max_len)
+
+    def num_blocks(self, available: float) -> int:
+        return max(int(available // self.page_bytes // self.group_size), 0)
+
+    def capacity(self, available: float, max_len: int) -> tuple[int, float]:
+        """(GPU KV cache size in tokens, maximum concurrency) as _report_kv_cache_config logs them."""
+        blocks = self.num_blocks(available)
+        smallest = min(self.block_size, max_len) if self.state_groups else self.block_size
+        return blocks // self.groups * smallest, blocks / self.blocks_per_sequence(max_len)
+
+    def estimate_max_model_len(self, available: float, max_len: int) -> int:
+        """_estimate_max_model_len_from_groups: the longest max_model_len (<= max_len) that fits, 0 if none."""
+        if self.needed_bytes(1) > available:
+            return 0
+        lo, hi, best = 1, max_len, 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if self.needed_bytes(mid) <= available:
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+
+def kv_layout(config: dict[str, Any], kv_dtype: str, tp: int) -> KvLayout:
+    """vLLM's KV cache spec of this config.json per GPU (see the sources above)."""
+    c = {**QWEN3_5_DEFAULTS, **text_config(config)}
+    layers = int(c["num_hidden_layers"])
     types = c.get("layer_types")
-    if isinstance(types, list) and types:
-        kv_layers = sum(1 for t in types if t == "full_attention")
-    else:
-        kv_layers = max(1, layers // int(c.get("full_attention_interval", 4)))
-    heads = int(c.get("num_attention_heads", 16))
-    kv_heads = int(c.get("num_key_value_heads", heads))
-    head_dim = int(c.get("head_dim") or int(c.get("hidden_size", 4096)) // heads)
-    elem = 1 if kv_dtype.startswith("fp8") else 2
-    kv_heads_per_gpu = max(1, math.ceil(kv_heads / tp))
-    return 2 * kv_layers * kv_heads_per_gpu * head_dim * elem
+    if not (isinstance(types, list) and len(types) == layers):
+        interval = int(c["full_attention_interval"])
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    n_attn = sum(1 for t in types if t == "full_attention")
+    n_state = sum(1 for t in types if t == "linear_attention")
+    model_bytes = DTYPE_BYTES.get(str(c.get("dtype") or c.get("torch_dtype") or "bfloat16"), 2)
+    kv_bytes = 1 if kv_dtype.startswith("fp8") else model_bytes
+    kv_heads = max(1, int(c["num_key_value_heads"]) // tp)  # ModelConfig.get_num_kv_heads
+    attn_1tok = 2 * kv_heads * int(c["head_dim"]) * kv_bytes
+    if n_state == 0:
+        return KvLayout(KV_ALIGNMENT, KV_ALIGNMENT * attn_1tok, n_attn, 1 if n_attn else 0, 0)
+    k_heads, v_heads = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+    k_dim, v_dim = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
+    conv_dim = k_dim * k_heads * 2 + v_dim * v_heads
+    ssm_bytes = DTYPE_BYTES.get(str(c.get("mamba_ssm_dtype") or "float32"), 4)
+    state = ((int(c["linear_conv_kernel_dim"]) - 1) * (conv_dim // tp) * model_bytes
+             + (v_heads // tp) * v_dim * k_dim * ssm_bytes)
+    block = max(KV_ALIGNMENT, KV_ALIGNMENT * cdiv(state, KV_ALIGNMENT * attn_1tok)) if n_attn else KV_ALIGNMENT
+    page = block * attn_1tok if n_attn else state
+    small, large = min(n_attn, n_state) or max(n_attn, n_state), max(n_attn, n_state)
+    group = large if large < small * 1.5 else small
+    return KvLayout(block, page, group, cdiv(n_attn, group), cdiv(n_state, group), state)
 
 
 # --------------------------------------------------------------------------------------------- startup
@@ -611,7 +710,8 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                       "use (weights of the simulated model do not fit the --gpu-memory-utilization budget).",
                       "torch/cuda/memory.py")
     log("INFO", "gpu_model_runner.py:2650", f"Model loading took {gib(weights)} and {RUNTIME_OVERHEAD_GIB:.1f} GiB "
-        f"runtime overhead per GPU (TP={tp}, quantization={args.quantization})")
+        f"runtime overhead per GPU (TP={tp}, quantization={args.quantization}; the overhead is a simulator stand-in "
+        "for the profile run's activation peak and non-torch memory)")
     if weights + overhead > budget:
         raise SimExit("torch.OutOfMemoryError", f"CUDA out of memory. Tried to allocate {gib(overhead)}. GPU 0 "
                       f"has a total capacity of {gib(total)} of which {gib(max(0, budget - weights))} is free "
@@ -640,27 +740,34 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
     if others > 0:
         log("INFO", "gpu_worker.py:290", f"Memory profiling: {gib(others)} more in use on the device than this "
             "process allocated (another process allocated during profiling; charged to this instance)")
-    kv_avail = budget - weights - overhead - others
-    per_tok = kv_bytes_per_token(model.config, args.kv_cache_dtype, tp)
-    need = per_tok * max_len
-    log("INFO", "gpu_worker.py:298", f"Available KV cache memory: {gib(kv_avail)}")
+    kv_avail = int(budget - weights - overhead - others)
+    layout = kv_layout(model.config, args.kv_cache_dtype, tp)
+    if layout.state_groups and layout.block_size > KV_ALIGNMENT:
+        log("INFO", "interface.py:904", f"Setting attention block size to {layout.block_size} tokens to ensure that "
+            "attention page size is >= mamba page size.")
+    if layout.state_groups and layout.page_bytes > layout.state_page_bytes:
+        log("INFO", "interface.py:926", f"Padding mamba page size by "
+            f"{100 * (layout.page_bytes - layout.state_page_bytes) / layout.state_page_bytes:.2f}% to ensure that "
+            "mamba page size and attention page size are exactly equal.")
+    log("INFO", "gpu_worker.py:298", f"Available KV cache memory: {kv_avail / GIB:.2f} GiB")
+    conserving = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
     if kv_avail <= 0:
-        # vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory / num_gpu_blocks <= 0
         raise SimExit("ValueError", "No available memory for the cache blocks. Try increasing "
-                      "`gpu_memory_utilization` when initializing the engine.", "vllm/v1/core/kv_cache_utils.py")
+                      f"`gpu_memory_utilization` when initializing the engine. {conserving}",
+                      "vllm/v1/core/kv_cache_utils.py")
+    need = layout.needed_bytes(max_len)
     if need > kv_avail:
-        est = int(kv_avail // per_tok)
+        est = layout.estimate_max_model_len(kv_avail, max_len)
+        est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
         raise SimExit("ValueError", f"To serve at least one request with the models's max seq len ({max_len}), "
-                      f"({gib(need)} KV cache is needed, which is larger than the available KV cache memory "
-                      f"({gib(kv_avail)}). Based on the available memory, the estimated maximum model length is "
-                      f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
-                      "initializing the engine.", "vllm/v1/core/kv_cache_utils.py")
-    kv_tokens = int(kv_avail // per_tok)
+                      f"({gib2(need)} GiB KV cache is needed, which is larger than the available KV cache memory "
+                      f"({gib2(kv_avail)} GiB). {est_msg}Try increasing `gpu_memory_utilization` or decreasing "
+                      f"`max_model_len` when initializing the engine. {conserving}", "vllm/v1/core/kv_cache_utils.py")
+    kv_tokens, concurrency = layout.capacity(kv_avail, max_len)
     # the KV cache takes the rest of the budget: the process now holds --gpu-memory-utilization x total per GPU
     CLAIM.set({g.uuid: int(budget // MIB) for g in used})
-    log("INFO", "kv_cache_utils.py:1087", f"GPU KV cache size: {kv_tokens:,} tokens")
-    log("INFO", "kv_cache_utils.py:1091",
-        f"Maximum concurrency for {max_len:,} tokens per request: {kv_tokens / max_len:.2f}x")
+    log("INFO", "kv_cache_utils.py:1252", f"GPU KV cache size: {kv_tokens:,} tokens")
+    log("INFO", "kv_cache_utils.py:1259", f"Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x")
     if args.enforce_eager:
         log("INFO", "core.py:210", "CUDA graphs disabled (--enforce-eager); skipping graph capture")
     else:

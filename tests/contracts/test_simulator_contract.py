@@ -390,3 +390,94 @@ def test_metrics_move_with_concurrent_load_like_vllms_scheduler(sim: ModuleType)
     assert metric(after, f"{queue}_bucket", le="0.3") == 2  # the first two did not wait, three waited a round or two
     assert metric(after, f"{queue}_sum") >= 3 * 0.6 - 0.3
     assert metric(after, f"{e2e}_sum") >= 5 * 0.6
+
+
+# ------------------------------------------------------------------ startup memory: vLLM's KV cache arithmetic
+ARCH = json.loads((HERE / "d3-architectures.json").read_text())["models"]
+GIB = 1024**3
+
+
+def test_kv_layout_of_d3_at_tp2_is_vllms_arithmetic_worked_by_hand(sim: ModuleType) -> None:
+    """d3 (64 layers: 16 full attention, 48 Gated DeltaNet), TP 2, BF16 KV cache. Per GPU: attention 2 (K, V) x
+    2 KV heads x 256 x 2 B = 2048 B per token; GDN state = conv 3 x (128 x 16 x 2 + 128 x 48) / 2 x 2 B = 30,720 B
+    + temporal 24 x 128 x 128 x 4 B (float32) = 1,572,864 B -> 1,603,584 B; attention block 16 x cdiv(1603584,
+    16 x 2048) = 784 tokens, page 784 x 2048 = 1,605,632 B; groups of 16 layers: 1 attention + 3 state groups."""
+    lay = sim.kv_layout(ARCH["d3"]["config"], "auto", 2)
+    assert (lay.block_size, lay.page_bytes, lay.state_page_bytes) == (784, 1_605_632, 1_603_584)
+    assert (lay.group_size, lay.attn_groups, lay.state_groups) == (16, 1, 3)
+    assert lay.blocks_per_sequence(8192) == 11 + 3  # cdiv(8192, 784) attention blocks + one state block per group
+    assert lay.needed_bytes(8192) == 16 * 1_605_632 * 14
+    pool = 5 * GIB
+    blocks = pool // 1_605_632 // 16
+    assert lay.capacity(pool, 8192) == (blocks // 4 * 784, blocks / 14)
+    fp8 = sim.kv_layout(ARCH["d3"]["config"], "fp8", 2)  # 1-byte KV: twice the tokens in the same page
+    assert (fp8.block_size, fp8.page_bytes) == (1568, 1_605_632)
+
+
+def test_kv_layout_groups_like_vllm(sim: ModuleType) -> None:
+    edge = sim.kv_layout(ARCH["d3-edge"]["config"], "auto", 1)  # 12 layers: 3 full, 9 GDN -> groups of 3
+    assert (edge.group_size, edge.attn_groups, edge.state_groups) == (3, 1, 3)
+    # max < 1.5 x min: groups of the max, padded (gpt-oss-20b + eagle's 12 sw + 13 full in vLLM's comment)
+    odd = {"text_config": {**ARCH["d3-edge"]["config"]["text_config"], "num_hidden_layers": 11,
+                           "layer_types": ["full_attention"] * 5 + ["linear_attention"] * 6}}
+    assert sim.kv_layout(odd, "auto", 1).group_size == 6
+    plain = {"text_config": {**ARCH["d3-edge"]["config"]["text_config"], "layer_types": ["full_attention"] * 12}}
+    lay = sim.kv_layout(plain, "auto", 1)  # no GDN layer: 16-token blocks, one group
+    assert (lay.block_size, lay.page_bytes, lay.groups, lay.group_size) == (16, 16 * 2 * 2 * 256 * 2, 1, 12)
+    assert lay.capacity(GIB, 4096)[0] == GIB // lay.page_bytes // 12 * 16
+
+
+def test_estimated_max_model_len_is_the_longest_that_fits(sim: ModuleType) -> None:
+    lay = sim.kv_layout(ARCH["d3-mini"]["config"], "auto", 1)
+    pool = lay.needed_bytes(100_000)
+    est = lay.estimate_max_model_len(pool, 262144)
+    assert est >= 100_000 and lay.needed_bytes(est) <= pool < lay.needed_bytes(est + 1)
+    assert lay.estimate_max_model_len(lay.needed_bytes(1) - 1, 262144) == 0
+
+
+def start_plan(sim: ModuleType, monkeypatch: pytest.MonkeyPatch, argv: list[str], size: str, weights: int,
+               gpus: int = 1) -> Any:
+    """check_and_plan on simulated L4s (memory.total 23034 MiB, nothing used) for the size's config.json."""
+    l4s = [sim.Gpu(i, "NVIDIA L4", f"GPU-{i}", 23034, 0, "580.95.05", "8.9") for i in range(gpus)]
+    monkeypatch.setattr(sim, "CLAIM", sim.GpuClaim("/nonexistent-claims"))  # nothing published: free_mib takes
+    monkeypatch.setattr(sim, "query_gpus", lambda: l4s)  # this process's memory off nvidia-smi's figure
+    model = sim.Model(ARCH[size]["hf_repo"], Path("/x"), ARCH[size]["config"], weights)
+    return sim.check_and_plan(sim.parse_args(["--model", model.repo, *argv]), l4s, model, lambda _: None)
+
+
+def test_startup_logs_vllms_two_lines(sim: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The field report's recipe: d3 BF16 checkpoint, online FP8, TP 2, 0.95, 8192. Pool = 0.95 x 23034 MiB -
+    52.2 GB / 2 / 2 - 1.5 GiB (the stand-in overhead); vLLM's layout of it, logged in vLLM's words."""
+    plan = start_plan(sim, monkeypatch, ["-tp", "2", "--quantization", "fp8", "--gpu-memory-utilization", "0.95",
+                                         "--max-model-len", "8192", "--enforce-eager"], "d3", 52_200_000_000, 2)
+    pool = int(0.95 * 23034 * 2**20 - 52_200_000_000 / 4 - 1.5 * GIB)
+    blocks = pool // 1_605_632 // 16
+    assert plan.kv_tokens == blocks // 4 * 784
+    out = capsys.readouterr().out
+    assert f"] GPU KV cache size: {blocks // 4 * 784:,} tokens\n" in out
+    assert f"] Maximum concurrency for 8,192 tokens per request: {blocks / 14:.2f}x\n" in out
+    assert "] Setting attention block size to 784 tokens to ensure that attention page size is >= mamba page size." in out
+
+
+def test_refuses_a_pool_that_cannot_hold_one_sequence_like_vllm(sim: ModuleType,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same recipe at the default 262144 positions: vLLM's _check_enough_kv_cache_memory message, verbatim."""
+    with pytest.raises(sim.SimExit) as err:
+        start_plan(sim, monkeypatch, ["-tp", "2", "--quantization", "fp8", "--gpu-memory-utilization", "0.95",
+                                      "--enforce-eager"], "d3", 52_200_000_000, 2)
+    lay = sim.kv_layout(ARCH["d3"]["config"], "auto", 2)
+    pool = int(0.95 * 23034 * 2**20 - 52_200_000_000 / 4 - 1.5 * GIB)
+    est = lay.estimate_max_model_len(pool, 262144)
+    assert err.value.exc_type == "ValueError" and err.value.code == 1
+    assert err.value.message == (
+        f"To serve at least one request with the models's max seq len (262144), ({round(lay.needed_bytes(262144) / GIB, 2)}"
+        f" GiB KV cache is needed, which is larger than the available KV cache memory ({round(pool / GIB, 2)} GiB). "
+        f"Based on the available memory, the estimated maximum model length is {est}. Try increasing "
+        "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. See "
+        "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+    with pytest.raises(sim.SimExit) as none:  # weights + overhead take the whole budget: no pool at all
+        start_plan(sim, monkeypatch, ["--gpu-memory-utilization", "0.5", "--max-model-len", "8192",
+                                      "--enforce-eager"], "d3-mini", int(0.5 * 23034 * 2**20 - 1.5 * GIB))
+    assert none.value.message.startswith("No available memory for the cache blocks. Try increasing "
+                                         "`gpu_memory_utilization` when initializing the engine. See https://")

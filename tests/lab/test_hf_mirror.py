@@ -86,6 +86,23 @@ def test_builder_commits_are_deterministic_and_idempotent(tmp_path: Path) -> Non
     assert log[0].split() == [revisions["vllm-sr/d3"], first["previous"]["vllm-sr/d3"]]  # type: ignore[index]
 
 
+def test_config_json_is_the_architectures_fixture_and_old_pins_stay_valid(tmp_path: Path) -> None:
+    """The pinned release serves each size's config.json from tests/contracts/d3-architectures.json (a variant adds
+    its quantization_config); v3.1.0 keeps the commit the lab pinned before v3.2.0 existed."""
+    b = load_builder()
+    fixture = json.loads((ROOT / "tests/contracts/d3-architectures.json").read_text())["models"]
+    for name in b.MODELS:
+        config = b.config_json(name)
+        assert {k: v for k, v in config.items() if k != "_lab_stand_in"} == fixture[name]["config"]
+        assert "lab stand-in" in str(config["_lab_stand_in"]).lower()
+        assert b.config_json(name, "v3.1.0") == b.legacy_config_json(name)
+    fp8 = b.config_json("d3-FP8")
+    assert fp8["text_config"] == fixture["d3"]["config"]["text_config"]
+    assert fp8["quantization_config"]["quant_method"] == "compressed-tensors"
+    previous = run_builder(tmp_path, "--no-revisions-file")["previous"]
+    assert previous["vllm-sr/d3"] == "bad4ad607ceccfbd71c224332c1df24699ae7a78"  # type: ignore[index]
+
+
 def test_safetensors_is_real_and_carries_bf16_size() -> None:
     b = load_builder()
     for name, spec in b.MODELS.items():
@@ -187,13 +204,15 @@ def test_download_by_pinned_sha(mirror: Mirror, tmp_path: Path, repo: str) -> No
         "README.md", "config.json", "decision_config.json", "model.safetensors"]
     config = json.loads((snap / "config.json").read_text())
     assert config["architectures"] == ["D3ForSequenceClassification"]
-    assert config["max_position_embeddings"] == 262144
-    assert config["full_attention_interval"] == 4
-    assert config["layer_types"].count("full_attention") == config["num_hidden_layers"] // 4
+    text = config["text_config"]  # the real base's numbers (tests/contracts/d3-architectures.json)
+    assert text["max_position_embeddings"] == 262144
+    assert text["full_attention_interval"] == 4
+    assert text["layer_types"].count("full_attention") == text["num_hidden_layers"] // 4
+    assert config == load_builder().config_json(repo.split("/")[1])
     header, _ = parse_safetensors((snap / "model.safetensors").read_bytes())
     meta = header["__metadata__"]
     assert meta["d3_model_id"] == repo
-    assert meta["d3_release"] == "v3.1.0"
+    assert meta["d3_release"] == "v3.2.0"
     assert int(meta["d3_lab_simulated_bytes"]) == load_builder().simulated_bytes(repo.split("/")[1])
     assert "lab stand-in" in (snap / "README.md").read_text().lower()
 
@@ -223,8 +242,9 @@ def test_older_revision_has_different_content(mirror: Mirror, tmp_path: Path) ->
     for sha in (old, new):
         assert hf(mirror, tmp_path, "download", repo, "--revision", sha, "--quiet").returncode == 0
     old_snap, new_snap = snapshot(tmp_path, repo, old), snapshot(tmp_path, repo, new)
-    assert json.loads((old_snap / "decision_config.json").read_text())["release"] == "v3.0.0"
-    assert json.loads((new_snap / "decision_config.json").read_text())["release"] == "v3.1.0"
+    assert json.loads((old_snap / "decision_config.json").read_text())["release"] == "v3.1.0"
+    assert json.loads((new_snap / "decision_config.json").read_text())["release"] == "v3.2.0"
+    assert "text_config" not in json.loads((old_snap / "config.json").read_text())  # the early flat stand-in
     assert (old_snap / "model.safetensors").read_bytes() != (new_snap / "model.safetensors").read_bytes()
 
 

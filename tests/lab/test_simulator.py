@@ -135,14 +135,6 @@ def test_unknown_request_fields_are_ignored_and_logged_like_vllm(sim: ModuleType
     assert "The following fields were present in the request but ignored" in capsys.readouterr().out
 
 
-def test_kv_bytes_per_token_counts_one_in_four_layers(sim: ModuleType) -> None:
-    cfg = {"num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256}
-    assert sim.kv_bytes_per_token(cfg, "auto", 1) == 2 * 16 * 4 * 256 * 2
-    assert sim.kv_bytes_per_token(cfg, "fp8", 2) == 2 * 16 * 2 * 256 * 1
-    typed = {**cfg, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
-    assert sim.kv_bytes_per_token({"text_config": typed}, "auto", 1) == 2 * 1 * 4 * 256 * 2
-
-
 def test_cold_start_scales_with_checkpoint_size(sim: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("D3_SIM_COLD_START_S", raising=False)
     monkeypatch.delenv("D3_SIM_COLD_START_SCALE", raising=False)
@@ -229,16 +221,18 @@ def safetensors(path: Path, simulated_bytes: int) -> None:
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 16)
 
 
-def add_model(hub: Path, repo: str, rev: str, bf16_bytes: int, layers: int, ref: bool) -> None:
-    """HF cache layout: blobs/<sha256>, snapshots/<rev>/<file> -> ../../blobs/<sha256>, refs/main."""
+ARCHITECTURES = json.loads((ROOT / "tests/contracts/d3-architectures.json").read_text())["models"]
+
+
+def add_model(hub: Path, repo: str, rev: str, bf16_bytes: int, size: str, ref: bool,
+              extra: dict[str, Any] | None = None) -> None:
+    """HF cache layout: blobs/<sha256>, snapshots/<rev>/<file> -> ../../blobs/<sha256>, refs/main. config.json is the
+    size's from tests/contracts/d3-architectures.json (as the lab HF mirror serves it), plus `extra` keys."""
     base = hub / ("models--" + repo.replace("/", "--"))
     snap, blobs = base / "snapshots" / rev, base / "blobs"
     snap.mkdir(parents=True)
-    blobs.mkdir()
-    config = {"architectures": ["D3ForSequenceClassification"], "model_type": "qwen3_5",
-              "text_config": {"num_hidden_layers": layers, "num_attention_heads": 24, "num_key_value_heads": 4,
-                              "head_dim": 256, "hidden_size": 5120, "full_attention_interval": 4,
-                              "max_position_embeddings": 262144}}
+    blobs.mkdir(exist_ok=True)
+    config = {**ARCHITECTURES[size]["config"], **(extra or {})}
     tmp = base / "tmp.safetensors"
     safetensors(tmp, bf16_bytes)
     for name, content in (("config.json", json.dumps(config).encode()), ("model.safetensors", tmp.read_bytes())):
@@ -265,9 +259,9 @@ def image() -> str:
 def lab_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """HF cache with d3 (27B-sized, pinned by SHA, no refs/main) and d3-mini (4B, refs/main); fake nvidia-smi."""
     d = tmp_path_factory.mktemp("d3sim")
-    add_model(d / "hf" / "hub", "vllm-sr/d3", D3_REV, 52_200_000_000, 64, ref=False)
-    add_model(d / "hf" / "hub", "vllm-sr/d3-mini", MINI_REV, 9_300_000_000, 32, ref=True)
-    add_model(d / "hf" / "hub", "vllm-sr/d3-lite", LITE_REV, 1_746_877_568, 24, ref=True)
+    add_model(d / "hf" / "hub", "vllm-sr/d3", D3_REV, 52_200_000_000, "d3", ref=False)
+    add_model(d / "hf" / "hub", "vllm-sr/d3-mini", MINI_REV, 9_300_000_000, "d3-mini", ref=True)
+    add_model(d / "hf" / "hub", "vllm-sr/d3-lite", LITE_REV, 1_746_877_568, "d3-lite", ref=True)
     lines = "\n".join(f"{i}, NVIDIA L4, GPU-{i:08x}-1111-2222-3333-444444444444, {L4_MIB}, 0, 580.95.05, 8.9"
                       for i in range(4))
     smi = d / "nvidia-smi"

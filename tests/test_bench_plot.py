@@ -243,3 +243,80 @@ def test_module_without_matplotlib_says_so(capsys: pytest.CaptureFixture[str], t
     assert out["failed"] is True and out["msg"].startswith("Failed to import the required Python library (matplotlib) on ")
     assert "Please read the module documentation and install it" in out["msg"] and not (tmp_path / "p").exists()
     assert out["exception"] == "Traceback: no matplotlib"  # the import's traceback, when tracebacks are asked for
+
+
+# --------------------------------------------------------------------------------------------- the style, pinned
+def _ms(marker: str) -> list[list[float]]:
+    from matplotlib.markers import MarkerStyle
+
+    style = MarkerStyle(marker)
+    return style.get_path().transformed(style.get_transform()).vertices.round(6).tolist()
+
+
+RICH = {"simulated": False, "settings": {"slo_ms": 250}, "suite": {"name": "s", "questions": 26}, "instances": [
+    inst("a", throughput=[{"concurrency": 1, "p50": 40.0, "p99": 60.0, "n": 120, "requests_per_s": 20.0, "goodput_per_s": 19.0}],
+         rate=[{"offered_per_s": 8.0, "p50": 41.0, "goodput_per_s": 8.0}, {"offered_per_s": 100.0, "p50": 800.0, "goodput_per_s": 0}],
+         latency={"q2": {"p50": 20.0}, "q4": {"p50": 40.0}}, score={"correct": 13, "total": 26, "interval": [0.3, 0.7],
+                                                                    "reliability": {"confidence": [{"confidence": 0.7, "accuracy": 0.5,
+                                                                                                    "interval": [0.3, 0.7], "n": 8}]}}),
+    inst("b", rate=[{"offered_per_s": 8.0, "p50": 30.0}]),
+]}
+
+
+def test_the_style_of_every_plot(figures: list[Any], tmp_path: Path) -> None:
+    for name, draw in bench_plot.DRAW.items():
+        draw(RICH, PUBLISHED, str(tmp_path / f"{name}.png"))
+    lat_c, one, acc, rel, load = figures
+    sizes = [tuple(f.get_size_inches().round(2)) for f in figures]
+    assert sizes == [(8.0, 4.5), (8.0, 3.4), (11.0, 4.5), (6.5, 5.0), (11.0, 4.5)] and {f.dpi for f in figures} == {110}
+    for fig in figures:
+        assert fig._suptitle.get_fontsize() == 10.0
+        for ax in fig.axes:
+            assert ax.xaxis.get_gridlines()[0].get_visible() and ax.yaxis.get_gridlines()[0].get_visible()
+            legend = ax.get_legend()
+            assert legend is not None and legend.borderaxespad == 0.0
+    # latency vs concurrency: p50 dots, p99 crosses dashed, log 2
+    p50, p99 = lat_c.axes[0].get_lines()
+    assert (p50.get_marker(), p99.get_marker(), p99.get_linestyle()) == ("o", "x", "--")
+    assert lat_c.axes[0].xaxis.get_transform().base == 2
+    assert lat_c.axes[0].get_ylabel() == "4-question request latency (ms)"
+    assert lat_c.axes[0].get_xlabel() == "concurrency (requests in flight, closed loop): the measured levels"
+    # one at a time: two bar series, their colours and heights
+    q2, q4 = one.axes[0].containers
+    assert (q2.get_label(), q4.get_label()) == ("2 questions, p50", "4 questions, p50")
+    assert q2[0].get_height() == pytest.approx(0.38) and to_rgba(q2[0].get_facecolor()) == to_rgba("C0")
+    assert to_rgba(q4[0].get_facecolor()) == to_rgba("C1")
+    assert one.axes[0].get_xlabel() == "latency, one request at a time (ms); hatched: published, not measured here"
+    # accuracy: two panels sharing y; dots and hollow squares with caps of 4
+    ax, pub = acc.axes
+    assert ax.get_shared_y_axes().joined(ax, pub)
+    measured, published = ax.containers[0], pub.containers[0]
+    assert measured.lines[0].get_marker() == "o" and published.lines[0].get_marker() == "s"
+    assert published.lines[0].get_markerfacecolor() == "none" and measured.lines[0].get_markerfacecolor() != "none"
+    assert {c.get_markersize() for c in (*measured.lines[1], *published.lines[1])} == {8.0}  # capsize 4
+    assert (ax.title.get_fontsize(), pub.title.get_fontsize()) == (9.0, 9.0)
+    assert pub.get_xlabel() == "4-question latency (ms), as published"
+    assert ax.get_xlabel() == "4-question latency, p50, one request at a time (ms)"
+    # reliability: the dotted black diagonal, bins joined with caps of 3
+    diag = rel.axes[0].get_lines()[0]
+    assert (to_rgba(diag.get_color()), diag.get_linewidth(), diag.get_linestyle()) == (to_rgba("black"), 0.8, ":")
+    (bins,) = rel.axes[0].containers
+    assert bins.lines[0].get_linestyle() == "-" and {c.get_markersize() for c in bins.lines[1]} == {6.0}
+    assert rel.axes[0].get_xlabel() == "confidence of the answer given (mean per bin of 0.2)"
+    assert rel.axes[0].get_ylabel() == "accuracy observed in the bin [95 %]"
+    # load: per instance its colour; the closed loop as hollow diamonds above; the offered line once
+    lat, good = load.axes
+    a_lat, b_lat = lat.get_lines()
+    assert (to_rgba(a_lat.get_color()), to_rgba(b_lat.get_color())) == (to_rgba("C0"), to_rgba("C1"))
+    assert a_lat.get_label() == "h1/a (d3-a) open loop, p50" and a_lat.get_marker() == "o"
+    a_good, offered_a, b_good, offered_b = good.get_lines()
+    assert b_good.get_xydata().tolist() == [[8.0, 0.0]]  # no goodput: 0
+    assert (to_rgba(offered_a.get_color()), offered_a.get_linestyle(), offered_a.get_linewidth()) == (to_rgba("grey"), ":", 0.8)
+    assert offered_a.get_label() == "offered (all within the objective)" and offered_b.get_label().startswith("_")
+    for coll in (lat.collections[0], good.collections[0]):
+        assert coll.get_paths()[0].vertices.round(6).tolist() == _ms("D") and len(coll.get_facecolors()) == 0
+        assert to_rgba(coll.get_edgecolors()[0]) == to_rgba("C0") and coll.get_sizes().tolist() == [60] and coll.get_zorder() == 5
+        assert coll.get_label() == "h1/a (d3-a) closed loop c=1"
+    assert good.collections[0].get_offsets().tolist() == [[20.0, 19.0]]
+    assert lat.get_ylabel() == "4-question latency p50 (ms)"
+    assert {lat.get_xlabel(), good.get_xlabel()} == {"request rate (req/s): offered (open loop), reached (closed loop)"}

@@ -310,6 +310,7 @@ def test_the_style_of_every_plot(figures: list[Any], tmp_path: Path) -> None:
     assert (to_rgba(a_lat.get_color()), to_rgba(b_lat.get_color())) == (to_rgba("C0"), to_rgba("C1"))
     assert a_lat.get_label() == "h1/a (d3-a) open loop, p50" and a_lat.get_marker() == "o"
     a_good, offered_a, b_good, offered_b = good.get_lines()
+    assert a_good.get_xydata().tolist() == [[8.0, 8.0], [100.0, 0.0]] and a_good.get_label() == "h1/a (d3-a) open loop, goodput"
     assert b_good.get_xydata().tolist() == [[8.0, 0.0]]  # no goodput: 0
     assert (to_rgba(offered_a.get_color()), offered_a.get_linestyle(), offered_a.get_linewidth()) == (to_rgba("grey"), ":", 0.8)
     assert offered_a.get_label() == "offered (all within the objective)" and offered_b.get_label().startswith("_")

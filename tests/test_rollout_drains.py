@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections/ansibl
 from d3_rollout import (
     batch_line,
     drain_check,
+    drain_detail,
     drain_plan,
     drain_records,
     failure_cause,
@@ -244,3 +245,23 @@ def test_the_summary_puts_the_single_replicas_client_window_beside_the_units_and
     assert summary([], {"digest": ""}) == ["host  instance  digest before  digest after  unit down  clients could see"]
     one = summary([{"host": "h", "instance": "i", "before": OLD, "after": NEW, "unit_s": 1.5, "router_s": None}], {})
     assert one[1].endswith("1.5 s      1.5 s (no router: stop to ready)")
+
+
+def test_one_hosts_view_is_taken_as_its_servers_with_their_instance() -> None:
+    mine = {"a": {"backend": "be_a", "server": "h1-a", "frontend": "fe_a"}}
+    batch = {"a": {"backend": "be_a", "server": "h1-a"}, "b": {"backend": "be_a", "server": "h2-a"}}
+    stats = {"r1": [row("h1-a", "UP", 2), row("h2-a"), row("h3-a", "DOWN")]}
+    assert drain_plan(stats, mine) == [{"router": "r1", "kept": [], "inflight": 2, "drain": [
+        {"backend": "be_a", "server": "h1-a", "frontend": "fe_a", "instance": "a", "scur": 2}]}]  # fmt: skip
+    (problem,) = drain_check(stats, mine, batch)
+    assert "its other servers: h3-a (DOWN)." in problem
+    assert drain_check(stats, mine, None) == [] and drain_plan(stats, None) == [{"router": "r1", "drain": [], "kept": [], "inflight": 0}]
+
+
+def test_the_drain_detail_names_each_server_with_its_requests_in_flight_and_what_was_left() -> None:
+    plan = [{"router": "r1", "drain": [{"backend": "be_a", "server": "h1-a", "scur": 3}, {"backend": "be_b", "server": "h1-b"}],
+             "kept": ["be_c/h1-c (MAINT)", "be_d/h1-d (DRAIN)"]},
+            {"router": "r2", "drain": [], "kept": []}, {"router": "r3"}]  # fmt: skip
+    assert drain_detail(plan) == ("r1: be_a/h1-a 3 in flight, be_b/h1-b 0 in flight; left as found: be_c/h1-c (MAINT), "
+                                  "be_d/h1-d (DRAIN); r2: nothing drained; r3: nothing drained")  # fmt: skip
+    assert drain_detail([]) == "no router"

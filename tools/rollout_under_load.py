@@ -46,9 +46,10 @@ QUESTIONS = {
     },
     "urgent": {"type": "noul", "instructions": "Does the customer need a reply within the hour?"},
 }
-# the rollout's router task (roles/d3_router tasks_from servers.yml, module haproxy_runtime: set, then wait until
-# drained or UP) whose ok events give the timeline; each loop result returns the state it set
-ROUTER_TASK = "Set this host's servers in every router and wait (drained, or back and UP)"
+# the rollout's router tasks (playbooks/rollout.yml and playbooks/tasks/rollout_give_back.yml, module haproxy_runtime:
+# set, then wait until drained or UP) whose ok events give the timeline; each loop result returns the state it set
+ROUTER_TASKS = ("Drain this host's instances in every router and wait (no new request; the current ones finish)",
+                "Give back this host's drained instances in every router and wait until each is UP")
 
 
 class Load:
@@ -135,7 +136,7 @@ def timeline(events: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
         ended = data.get("end")
         at = round(_epoch(ended) - t0, 1) if ended else None
         row = rows.setdefault(host, {"host": host, "drained_s": None, "back_s": None, "restarts": []})
-        states = {r.get("state") for r in data.get("res", {}).get("results", [])} if task == ROUTER_TASK else set()
+        states = {r.get("state") for r in data.get("res", {}).get("results", [])} if task in ROUTER_TASKS else set()
         if "drain" in states and row["drained_s"] is None:
             row["drained_s"] = at
         elif "ready" in states:

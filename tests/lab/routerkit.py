@@ -6,10 +6,17 @@ The lab is a STAND-IN (lab/README.md): the routers reach the hosts through this 
 
 from __future__ import annotations
 
+import http.client
 import json
+import shutil
+import statistics
 import sys
+import threading
+import time
 import urllib.request
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import labkit
 import yaml
@@ -26,7 +33,15 @@ WARMUP_S = 8.0
 # the role default (the lab router sets no other)
 SOCKET = yaml.safe_load((ROOT / "roles/d3_router/defaults/main.yml").read_text())["d3_router_stats_socket"]
 
-__all__ = ["MODEL", "RATE", "REPLICAS", "ROUTER", "WARMUP_S", "ask", "load_tool", "machine_url", "routed", "server_states"]
+# the d3_router role's saved server state, read by HAProxy's new worker after a reload (server-state-file); None when
+# the role keeps none
+STATE_FILE = yaml.safe_load((ROOT / "roles/d3_router/vars/main.yml").read_text() or "{}").get("_d3_router_state_file") \
+    if (ROOT / "roles/d3_router/vars/main.yml").is_file() else None
+# the one fleet endpoint (routes by the body's model), when the router role has one
+ENDPOINT_PORT = yaml.safe_load((ROOT / "roles/d3_router/defaults/main.yml").read_text()).get("d3_router_port")
+
+__all__ = ["ENDPOINT_PORT", "MODEL", "RATE", "REPLICAS", "ROUTER", "WARMUP_S", "KeepAliveClients", "ask", "load_tool",
+           "machine_url", "reload_like_the_role", "routed", "server_states", "set_state"]
 
 
 def router_models(run: Run) -> list[dict[str, Any]]:
@@ -65,3 +80,105 @@ def server_states(backend: str) -> dict[str, str]:
     text = on_host(ROUTER, f"echo 'show stat' | socat stdio {SOCKET}")
     rows = [line.split(",") for line in text.splitlines() if line and not line.startswith("#")]
     return {r[1]: r[17] for r in rows if r[0] == backend and r[1] not in ("FRONTEND", "BACKEND")}
+
+
+def set_state(backend: str, server: str, state: str) -> None:
+    """What an operator does on the router: `set server <backend>/<server> state <state>` (HAProxy's runtime API)."""
+    answer = on_host(ROUTER, f"echo 'set server {backend}/{server} state {state}' | socat stdio {SOCKET}")
+    assert not answer.strip(), answer
+
+
+def reload_like_the_role() -> str:
+    """Reload HAProxy the way the d3_router role does (roles/d3_router/tasks/service.yml): save `show servers state`
+    where the new worker reads it (server-state-file), then `systemctl reload haproxy`. Without a state file in the
+    role, only the reload. Returns what was done."""
+    save = f"echo 'show servers state' | socat stdio {SOCKET} > {STATE_FILE} && " if STATE_FILE else ""
+    on_host(ROUTER, f"{save}systemctl reload haproxy")
+    return f"{'saved ' + STATE_FILE + ', ' if STATE_FILE else ''}systemctl reload haproxy"
+
+
+def endpoint_urls(models: dict[str, Any], names: list[str]) -> dict[str, str]:
+    """served name -> the URL a client sends its decisions to: the router's one fleet endpoint (it routes by the
+    body's model) when the role has one, else the model's own frontend port."""
+    if ENDPOINT_PORT:
+        return {name: machine_url(int(ENDPOINT_PORT)) for name in names}
+    return {name: machine_url(models[name]["port"]) for name in names}
+
+
+class KeepAliveClients:
+    """N closed-loop clients, each on its own keep-alive connection (http.client): each sends the next decision as soon
+    as the last is answered, so N requests are always in flight. Every result is kept: (client, model, sent at
+    (monotonic), seconds, HTTP status or the error)."""
+
+    def __init__(self, urls: dict[str, str], clients: int = 32, timeout: float = 120.0) -> None:
+        self.urls, self.clients, self.timeout = urls, clients, timeout
+        self.models = sorted(urls)
+        self.results: list[tuple[int, str, float, float, Any]] = []
+        self.connections = 0
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def _client(self, number: int) -> None:
+        model = self.models[number % len(self.models)]
+        url = urlsplit(self.urls[model])
+        body = json.dumps({"model": model, "state": {"ticket": f"client {number}"},
+                           "questions": {"q": {"type": "noul", "instructions": "ok?"}}}).encode()  # fmt: skip
+        conn: http.client.HTTPConnection | None = None
+        while not self.stop.is_set():
+            if conn is None:
+                conn = http.client.HTTPConnection(url.hostname, url.port, timeout=self.timeout)
+                with self.lock:
+                    self.connections += 1
+            sent = time.monotonic()
+            try:
+                conn.request("POST", "/v1/systemone", body=body, headers={"Content-Type": "application/json"})
+                answer = conn.getresponse()
+                answer.read()
+                status: Any = answer.status
+                if answer.will_close:
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException) as exc:
+                status = f"{type(exc).__name__}: {exc}"
+                conn.close()
+                conn = None
+            with self.lock:
+                self.results.append((number, model, sent, time.monotonic() - sent, status))
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> KeepAliveClients:
+        for thread in self.threads:
+            thread.start()
+        # every client connected and answered once before the caller goes on
+        labkit.wait_until(f"{self.clients} clients answered once", lambda: len({r[0] for r in self.results}) >= self.clients,
+                          timeout=120, poll=0.2)  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=self.timeout + 10)
+
+    def figures(self) -> dict[str, Any]:
+        with self.lock:
+            results = list(self.results)
+        ok = [seconds for _, _, _, seconds, status in results if status == 200]
+        return {"requests": len(results), "failed": [r for r in results if r[4] != 200], "connections": self.connections,
+                "clients": self.clients, "min_s": round(min(ok), 2) if ok else None,
+                "median_s": round(statistics.median(ok), 2) if ok else None, "max_s": round(max(ok), 2) if ok else None}  # fmt: skip
+
+
+def slow_inventory(tmp: Path, env: dict[str, str]) -> Path:
+    """A copy of the lab inventory where the d3-lite replicas (REPLICAS) carry ``env`` (the simulator's slow-answer
+    STAND-IN setting, lab/README.md): every rollout of the module uses it, so the replicas stay slow."""
+    copy = tmp / "inventory"
+    shutil.copytree(labkit.LAB_INVENTORY, copy)
+    for host in REPLICAS:
+        path = copy / "host_vars" / f"{host}.yml"
+        data = yaml.safe_load(path.read_text())
+        data["d3_models"] = [{**m, "env": {**(m.get("env") or {}), **env}} if m.get("model") == MODEL else m
+                             for m in data["d3_models"]]  # fmt: skip
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy

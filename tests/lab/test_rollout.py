@@ -1,14 +1,21 @@
-"""Fleet rollouts on a lab of at least 3 hosts, driven by ansible-runner, through the lab's router:
-- a rollout of the whole fleet to the simulator's second tag, while a load generator (tools/rollout_under_load.py)
-  sends decisions to d3-lite (two replicas) through the router at a steady rate: every instance moves to the new
-  digest with nothing downloaded inside the restart window, each restarted instance is down for at most its
-  (simulated) cold start + 5 s, the rollout marker is present on a host only while its batch runs, status shows
-  drift before and none after, no request fails, and each replica is drained, restarted and taken back before the
-  other is drained;
-- a rollout of the two replicas to the broken tag under load (drill 9): it stops at the canary, which is rolled back,
-  serving and given back to the router; the other replica is never drained nor restarted; no request fails;
-- the controller killed in the middle of a rollout back to the first tag (drill 8), after which a second run
-  completes with nothing lost.
+"""Fleet rollouts on a lab of at least 3 hosts, driven by ansible-runner, through the lab's router. Every rollout here
+uses a copy of the lab inventory where the two d3-lite replicas answer in 1 s (the simulator's D3_SIM_REQUEST_MS,
+a STAND-IN for long decisions; lab/README.md):
+- the controller killed while the first replica is drained (drill 8, the rollout that makes the replicas slow):
+  status.yml names the drained server as left by an interrupted rollout; with the other replica put in MAINT by an
+  operator, the next run gives the drained one back and is refused before any change (the drain would leave d3-lite
+  without an UP server), the operator's MAINT stays; once it is lifted, the next run completes with nothing lost;
+- a rollout of the whole fleet to the simulator's second tag while 32 closed-loop keep-alive clients send 1 s
+  decisions to d3-lite through the router, with a router reload (the d3_router role's way: server state saved,
+  then reloaded) while a replica is drained: no request fails, each replica had requests in flight when it was
+  drained (show stat scur, read just before the drain) and stays drained across the reload, every instance moves
+  to the new digest with nothing downloaded inside the restart window, each restarted instance is down for at most
+  its (simulated) cold start + 5 s, the rollout says which batch of how many it is at and what it drained,
+  restarted and gave back, and ends with one summary table (a single-replica model's client-visible window beside
+  its unit's) and a pin command; status shows drift before and none after;
+- a rollout of the two replicas to the broken tag under load (drill 9): it stops at the canary, which is drained
+  again, rolled back, serving and given back to the router; the other replica is never drained nor restarted; no
+  request fails.
 
 The lab is a STAND-IN (lab/README.md); its simulator's cold starts are the field report's, shortened 30x."""
 
@@ -19,6 +26,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,11 +36,15 @@ import pytest
 import routerkit
 from drillkit import figure
 from labkit import IMAGE, ROOT, Run, on_host, registry_digest, run_playbook, running
-from routerkit import MODEL, RATE, REPLICAS, WARMUP_S, load_tool, machine_url, server_states
+from routerkit import MODEL, RATE, REPLICAS, ROUTER, WARMUP_S, load_tool, server_states, set_state
 
 pytestmark = pytest.mark.lab
 
 MARKER = "/var/lib/d3/rollout-in-progress"  # the d3_state role's d3_state_rollout_marker default
+DRAINS = "/var/lib/d3/router-drains"  # the d3_state role's d3_state_drains_dir default (on the router)
+# the simulator's slow answers (STAND-IN): each d3-lite decision takes 1 s; no batching slowdown on top
+SLOW = {"D3_SIM_REQUEST_MS": "1000", "D3_SIM_BATCH_SLOWDOWN": "0"}
+CLIENTS = 32
 # the debug line may be folded by the YAML callback: whitespace (newlines included) between the words
 DOWNTIME = re.compile(r"([\w.-]+): down ([0-9.]+) s \(unit stop to ready;\s+([^;]+?);\s+smoke passed\)")
 
@@ -53,9 +65,10 @@ def downtimes_by_host(run: Run) -> dict[tuple[str, str], tuple[float, str]]:
     return out
 
 
-def status(tmp_path: Path, tag: str) -> list[dict]:
+def status(tmp_path: Path, tag: str, inventory: Path) -> list[dict]:
     out = tmp_path / f"status-{tag}.json"
-    run = run_playbook("playbooks/status.yml", extravars={"d3_image_name": f"{IMAGE}:{tag}", "d3_status_output": str(out)})
+    run = run_playbook("playbooks/status.yml", extravars={"d3_image_name": f"{IMAGE}:{tag}", "d3_status_output": str(out)},
+                       inventory=inventory)  # fmt: skip
     assert run.status == "successful", run.failure_text()
     return json.loads(out.read_text())
 
@@ -79,11 +92,23 @@ def routed(converge_run: Run, host_names: list[str]) -> dict[str, Any]:
     return routerkit.routed(converge_run, host_names)
 
 
-def under_load(routed: dict[str, Any], limit: str | None, extravars: dict[str, Any]) -> tuple[Run, dict[str, Any]]:
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lab inventory with slow d3-lite replicas (SLOW): the inventory of every rollout in this module."""
+    return routerkit.slow_inventory(tmp_path_factory.mktemp("slow"), SLOW)
+
+
+def servers_of(routed: dict[str, Any]) -> dict[str, str]:
+    """host -> the router server of its d3-lite replica."""
+    return {s["host"]: s["name"] for s in routed[MODEL]["servers"]}
+
+
+def under_load(routed: dict[str, Any], limit: str | None, extravars: dict[str, Any], inventory: Path) -> tuple[Run, dict[str, Any]]:
     """rollout.yml (ansible-runner) while the load generator sends d3-lite decisions through the router; the run and
     what clients saw (tools/rollout_under_load.py's figures, printed)."""
-    with load_tool.load_during(machine_url(routed[MODEL]["port"]), MODEL, RATE, WARMUP_S, api_key=None) as window:
-        run = run_playbook("playbooks/rollout.yml", limit=limit, extravars=extravars)
+    url = routerkit.endpoint_urls(routed, [MODEL])[MODEL]
+    with load_tool.load_during(url, MODEL, RATE, WARMUP_S, api_key=None) as window:
+        run = run_playbook("playbooks/rollout.yml", limit=limit, extravars=extravars, inventory=inventory)
     figures = load_tool.figures_of(window, RATE, run.status, run.rc, run.events)
     print(f"\nrollout to {extravars['d3_image_name']} under load:\n" + load_tool.report(figures))
     return run, figures
@@ -110,24 +135,175 @@ def unit_events(run: Run) -> list[int]:
     return [i for i in role_events(run, "d3_units") if run.events[i]["event_data"].get("task") not in UNIT_INPUT_CHECKS]
 
 
-def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], routed: dict[str, Any], tmp_path: Path) -> None:
+def _unit_files_with(host: str, text: str) -> list[str]:
+    out = on_host(host, f"grep -l '{text}' /etc/containers/systemd/*.container /etc/systemd/system/*.service 2>/dev/null || true")
+    return out.split()
+
+
+def _drain_records() -> str:
+    return on_host(ROUTER, f"cat {DRAINS}/*.json 2>/dev/null || true")
+
+
+def facts_of(run: Run, task: str, fact: str) -> dict[str, Any]:
+    """host -> the fact a set_fact task set (its last ok event)."""
+    return {e["event_data"]["host"]: e["event_data"]["res"]["ansible_facts"][fact]
+            for e in run.events if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == task
+            and fact in ((e["event_data"].get("res") or {}).get("ansible_facts") or {})}  # fmt: skip
+
+
+def messages(run: Run, task: str) -> list[tuple[str, Any]]:
+    """(host, msg) of every ok event of a debug task, in order."""
+    return [(e["event_data"]["host"], e["event_data"]["res"].get("msg")) for e in run.events
+            if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == task]  # fmt: skip
+
+
+PLAN_TASK = "Work out which servers this rollout drains in each router (an operator's MAINT or DRAIN stays as it is)"
+
+
+def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str, Any], slow: Path) -> None:
+    """Drill 8 on the two d3-lite replicas (the rollout that gives them the slow answers): SIGKILL ansible-playbook (and
+    its workers) as soon as the canary's first unit file changed - its d3-lite drained in the router, units half
+    switched, nothing restarted or recorded, the marker and the drain record left. status.yml names the drained
+    server. With the other replica in MAINT (an operator's), the next run gives the drained one back and is refused
+    before any change: the drain would leave d3-lite without an UP server; the MAINT stays. Once the operator lifts
+    it, the next run completes: every instance on the pinned digest, record and units agree, nothing stopped."""
+    canary, other = REPLICAS
+    backend, names = routed[MODEL]["backend"], servers_of(routed)
+    target = registry_digest("nightly")
+    untouched = {h: running(h) for h in fleet if h not in REPLICAS}
+    serving_before = {h: sorted(running(h)) for h in REPLICAS}
+    images_before = {h: set(on_host(h, "podman images -q --no-trunc").split()) for h in REPLICAS}
+    weights_before = {h: on_host(h, "ls /var/lib/d3/huggingface/hub/*/snapshots") for h in REPLICAS}
+    limit = ":".join(REPLICAS)
+    # the digest pinned: the drill must not depend on what the tag resolves to while it runs
+    pinned = {"d3_image_name": f"{IMAGE}:nightly", "d3_image_digest": target}
+    argv = [labkit.venv_tool("ansible-playbook"), "playbooks/rollout.yml", "-i", str(slow), "-l", limit,
+            "-e", json.dumps(pinned)]  # fmt: skip
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, env=labkit.ANSIBLE_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        labkit.wait_until(f"{canary}: a unit file with the slow answers", lambda: _unit_files_with(canary, "D3_SIM_REQUEST_MS"),
+                          timeout=240, poll=0.05)  # fmt: skip
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    killed_at = time.monotonic() - started
+    assert on_host(canary, f"test -e {MARKER} && echo present || echo absent").strip() == "present"
+    assert server_states(backend)[names[canary]] == "DRAIN"
+    assert f'"server": "{names[canary]}"' in _drain_records()
+
+    # status.yml (the routers' play only) names the server left drained
+    report = run_playbook("playbooks/status.yml", limit="d3-routers", inventory=slow)
+    assert report.status == "successful", report.failure_text()
+    left = [m for _, m in messages(report, "Print the drains left by an interrupted rollout")]
+    assert any(f"{backend}/{names[canary]} (host {canary}, instance {MODEL}) left by an interrupted rollout" in line
+               for line in left[0]), left  # fmt: skip
+
+    # the other replica in maintenance (an operator's): the next run gives the canary back, then refuses its drain
+    set_state(backend, names[other], "maint")
+    try:
+        refused = run_playbook("playbooks/rollout.yml", limit=limit, extravars=pinned, inventory=slow)
+        assert refused.status == "failed", refused.stdout[-3000:]
+        text = refused.failure_text(canary)
+        assert (f"router {ROUTER}: draining {names[canary]} would leave model {MODEL} (backend {backend}) with 0 UP "
+                f"server(s), fewer than d3_rollout_min_up = 1; its other servers: {names[other]} (MAINT)") in text, text
+        assert not unit_events(refused), "the refused run touched a unit"
+        states = server_states(backend)
+        assert states[names[canary]] == "UP" and states[names[other]] == "MAINT", states  # given back; the MAINT stays
+        assert _drain_records().strip() == ""
+    finally:
+        set_state(backend, names[other], "ready")
+    labkit.wait_until(f"{names[other]} UP", lambda: server_states(backend)[names[other]] == "UP", timeout=30, poll=0.5)
+
+    resumed = run_playbook("playbooks/rollout.yml", limit=limit, extravars=pinned, inventory=slow)
+    assert resumed.status == "successful", resumed.failure_text()
+    reasons = {key: reason for key, (_, reason) in downtimes_by_host(resumed).items()}
+    for host in untouched:
+        assert running(host) == untouched[host], host
+    for host in REPLICAS:
+        record = json.loads(on_host(host, "cat /var/lib/d3/deployed.json"))
+        containers = labkit.d3_containers(host)
+        assert sorted(running(host)) == serving_before[host], host  # no instance left stopped
+        assert record["image_ref"] == f"{IMAGE}@{target}", host
+        for name, info in containers.items():
+            # what runs is what is recorded
+            assert info["ImageName"] == record["image_ref"], (host, name, resumed.stdout[-4000:])
+            assert info["Config"]["Labels"]["io.d3-fleet.revision"] == record["instances"][name]["revision"], (host, name)
+            assert on_host(host, f"systemctl is-active {name}.service").strip() == "active"
+        assert on_host(host, f"test -e {MARKER} && echo present || echo absent").strip() == "absent", host
+        assert images_before[host] <= set(on_host(host, "podman images -q --no-trunc").split()), host  # images kept
+        assert on_host(host, "ls /var/lib/d3/huggingface/hub/*/snapshots") == weights_before[host], host  # weights kept
+    # the canary's unit written by the killed run was restarted although it did not change again
+    assert any("newer than the" in r for (host, _), r in reasons.items() if host == canary), reasons
+    assert set(server_states(backend).values()) == {"UP"} and _drain_records().strip() == ""
+    figure(8, "controller killed mid-rollout", f"killed {killed_at:.0f} s in ({canary} drained, units half switched); status "
+           f"named the drain; refused with {other} in MAINT (kept), {canary} given back; the next run completed, "
+           f"{len(reasons)} instances restarted, record = units, marker and drain records gone", started)  # fmt: skip
+
+
+def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], routed: dict[str, Any], slow: Path, tmp_path: Path) -> None:
     old, new = registry_digest("nightly"), registry_digest("nightly-next")
     assert old != new
+    backend, names = routed[MODEL]["backend"], servers_of(routed)
 
-    before = status(tmp_path, "nightly-next")
+    before = status(tmp_path, "nightly-next", slow)
     assert before and all(any("image" in d for d in row["drift"]) for row in before)
 
-    run, figures = under_load(routed, None, {"d3_image_name": f"{IMAGE}:nightly-next"})
+    # a router reload (the d3_router role's way) as soon as a replica is drained: the drain must survive it
+    reloads: list[dict[str, Any]] = []
+
+    def reload_while_drained(stop: threading.Event) -> None:
+        while not stop.is_set():
+            states = server_states(backend)
+            drained = [s for s in names.values() if states.get(s) == "DRAIN"]
+            if drained and routerkit.STATE_FILE:
+                how = routerkit.reload_like_the_role()
+                reloads.append({"server": drained[0], "how": how, "after": server_states(backend).get(drained[0])})
+                return
+            stop.wait(0.2)
+
+    urls = routerkit.endpoint_urls(routed, [MODEL])
+    stop = threading.Event()
+    watcher = threading.Thread(target=reload_while_drained, args=(stop,), daemon=True)
+    with routerkit.KeepAliveClients(urls, CLIENTS) as clients:
+        watcher.start()
+        run = run_playbook("playbooks/rollout.yml", extravars={"d3_image_name": f"{IMAGE}:nightly-next"}, inventory=slow)
+        stop.set()
+        watcher.join(timeout=30)
+    seen = clients.figures()
+    print(f"\nrollout to nightly-next, {CLIENTS} keep-alive clients through {sorted(set(urls.values()))}: {seen['requests']} "
+          f"requests on {seen['connections']} connections, {len(seen['failed'])} failed, {seen['min_s']} / {seen['median_s']} / "
+          f"{seen['max_s']} s (min / median / max); reload: {reloads}")  # fmt: skip
     assert run.status == "successful", run.failure_text()
 
-    # what clients of the router saw: nothing failed, and the two replicas moved one after the other (each drained,
-    # restarted and taken back before the other was drained), so d3-lite always had a server
-    assert figures["before"]["requests"] >= RATE * 5 and figures["during"]["requests"] >= RATE * 10, figures
-    assert figures["before"]["failed"] == 0 and figures["during"]["failed"] == 0, figures["failed_requests"]
-    rows = {row["host"]: row for row in figures["timeline"]}
-    assert set(REPLICAS) <= set(rows), figures["timeline"]
-    first, second = (rows[h] for h in REPLICAS)
-    assert first["drained_s"] < first["back_s"] <= second["drained_s"] < second["back_s"], figures["timeline"]
+    # what clients of the router saw: nothing failed; every request took the stand-in's 1 s at least
+    assert seen["failed"] == [], seen["failed"][:10]
+    assert seen["requests"] >= CLIENTS * 3 and seen["min_s"] >= 1.0, seen
+    # the reload came while a replica was drained, and it stayed drained across it (the role's server-state-file)
+    assert routerkit.STATE_FILE, "the d3_router role keeps no server state across a reload (roles/d3_router/vars/main.yml)"
+    assert len(reloads) == 1 and reloads[0]["after"] == "DRAIN", reloads
+
+    # each replica had requests in flight when it was drained (show stat scur, read just before the drain), and the
+    # two moved one after the other: each drained, restarted and given back before the other was drained
+    plans = facts_of(run, PLAN_TASK, "_d3_rollout_drains")
+    for host in REPLICAS:
+        (entry,) = [d for p in plans[host] for d in p["drain"] if d["server"] == names[host]]
+        assert entry["scur"] >= 1, plans[host]
+    order = {e["event_data"]["host"]: i for i, e in enumerate(run.events) if e.get("event") == "runner_on_ok"
+             and e["event_data"].get("task", "").startswith("Drain this host's instances in every router")}  # fmt: skip
+    back = {e["event_data"]["host"]: i for i, e in enumerate(run.events) if e.get("event") == "runner_on_ok"
+            and e["event_data"].get("task", "").startswith("Give back this host's drained instances")}  # fmt: skip
+    first, second = REPLICAS
+    assert order[first] < back[first] < order[second] < back[second]
+
+    # where it is: which batch of how many, and each host drained / restarted / given back
+    assert [m for _, m in messages(run, "Say which batch this is")] == [
+        f"batch {i} of {len(fleet)}: hosts {host}" for i, host in enumerate(fleet, start=1)]  # fmt: skip
+    said = {m.split(": ", 1)[0] + ": " + m.split(": ", 1)[1].split(" (")[0] for task in
+            ("Say what was drained", "Say what was restarted", "Say what was given back") for _, m in messages(run, task)}  # fmt: skip
+    for i, host in enumerate(fleet, start=1):
+        assert {f"batch {i} of {len(fleet)}, {host}: {p}" for p in ("drained", "restarted", "given back")} <= said, said
 
     for host in fleet:
         images = {image for image, _ in running(host).values()}
@@ -146,13 +322,23 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
             assert reason == "unit changed"
             assert 0 < down <= cold + 5, (host, unit, down, cold)
 
-    # the marker exists on a host from before its units are touched until after its record is written
-    for host in fleet:
-        (mark,) = task_events(run, "Mark the host as being rolled out", host)
-        (unmark,) = task_events(run, "Remove the rollout marker", host)
-        units = [i for i in unit_events(run) if run.events[i]["event_data"].get("host") == host]
-        records = task_events(run, "Record it, keeping the deployment it replaces as previous", host)
-        assert mark < min(units) and records and max(records) < unmark, host
+    # one summary table: a single-replica model's window as clients could see it (drain to back in the router) beside
+    # its unit's (stop to ready); the replicated model lost nothing; the pin command names the new digest
+    (summary,) = [m for _, m in messages(run, "Print the summary (host, instance, digests, downtime as the unit and as "
+                                              "clients saw it) and how to pin the digest")]  # fmt: skip
+    print("\n".join(summary))
+    single = {m["served_name"] for m in routed.values() if len(m["servers"]) == 1}
+    rows = [re.match(r"(\S+)\s+(\S+)\s+(sha256:\w+)\s+(sha256:\w+)\s+([0-9.]+) s\s+(.*)$", line) for line in summary[1:]]
+    rows = [r for r in rows if r]
+    assert len(rows) == len(downtimes), summary
+    singles = [r for r in rows if r[2] in single]
+    assert singles, summary
+    for r in singles:
+        unit_s, clients_s = float(r[5]), float(r[6].split(" s ")[0])
+        assert r[6].endswith("s (one replica: drain to back in the router)"), r[0]
+        assert r[3] == old[:19] and r[4] == new[:19] and 0 < unit_s <= clients_s, r[0]
+    assert all(r[6].startswith("0 s (1 other replica(s) served") for r in rows if r[2] == MODEL), summary
+    assert f"-e d3_image_digest={new}" in summary[-2] and "site.yml" in summary[-2], summary
 
     # nothing is downloaded inside the restart window: pulls and weight downloads all happen in the stage play,
     # before the first unit is touched, and the restart batches run neither role
@@ -164,22 +350,25 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     batch_roles = {e["event_data"].get("role") for e in run.events[first_unit:] if e.get("event") in ("runner_on_ok", "runner_on_failed")}
     assert not batch_roles & {"d3_image", "d3_weights"}
 
-    after = status(tmp_path, "nightly-next")
+    after = status(tmp_path, "nightly-next", slow)
     assert all(row["drift"] == [] and row["health"] == "ready" for row in after), after
     assert {row["digest"] for row in after} == {new}
 
 
-def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_and_no_request_fails(routed: dict[str, Any]) -> None:
+def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_and_no_request_fails(
+        routed: dict[str, Any], slow: Path) -> None:  # fmt: skip
     """Drill 9 under load: an image that never becomes healthy, rolled to the two d3-lite replicas behind the router
-    (serial 1). The rollout stops at the canary, which goes back to its previous digest by itself, passes its smoke
-    and is given back to the router; the other replica is never drained nor restarted; no client request fails."""
+    (serial 1). The rollout stops at the canary, which is drained again, goes back to its previous digest by itself,
+    passes its smoke and is given back to the router; the other replica is never drained nor restarted; no client
+    request fails."""
     started = time.monotonic()
     canary, other = REPLICAS
     before = {h: running(h) for h in REPLICAS}
     good = {image for image, _ in before[canary].values()}
     assert len(good) == 1 and f"{IMAGE}@{registry_digest('nightly-broken')}" not in good
     run, figures = under_load(routed, ":".join(REPLICAS),
-                              {"d3_image_name": f"{IMAGE}:nightly-broken", "d3_rollout_serial": 1, "d3_smoke_timeout_s": 12})  # fmt: skip
+                              {"d3_image_name": f"{IMAGE}:nightly-broken", "d3_rollout_serial": 1, "d3_smoke_timeout_s": 12},
+                              slow)  # fmt: skip
     assert run.status == "failed", run.stdout[-3000:]
     assert [f["host"] for f in run.failures() if "The rollout stops" in json.dumps(f.get("res", {}))] == [canary]
     text = run.failure_text(canary)
@@ -187,6 +376,7 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
     # the readiness timeout names its variable and what each instance showed, not a raw uri error
     assert "not serving within d3_smoke_timeout_s (12 s)" in text, text
     assert run.stats.get("rescued", {}).get(canary) == 1
+    assert task_events(run, "Drain this host's instances again in every router before rolling back", canary)
 
     # what clients saw: nothing failed; only the canary was drained, and it was given back after its rollback
     assert figures["during"]["failed"] == 0, figures["failed_requests"]
@@ -194,6 +384,7 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
     assert list(rows) == [canary], figures["timeline"]  # the other replica was never drained
     assert rows[canary]["back_s"] is not None, "the rolled-back canary was not given back to the router"
     assert set(server_states(routed[MODEL]["backend"]).values()) == {"UP"}
+    assert _drain_records().strip() == ""
 
     # the canary is back on the previous digest, answers decisions and carries no rollout marker; the other replica
     # was not restarted
@@ -208,63 +399,5 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
         )
         assert json.loads(answer)["object"] == "structured_decision"
     assert running(other) == before[other]
-    figure(9, "broken image at the canary", f"stopped at the canary {canary}, back on its previous digest, serving and "
-           f"given back to the router; the other replica untouched; 0 failed requests", started)  # fmt: skip
-
-
-def _unit_files_with(host: str, digest: str) -> list[str]:
-    out = on_host(host, f"grep -l '{digest}' /etc/containers/systemd/*.container /etc/systemd/system/*.service 2>/dev/null || true")
-    return out.split()
-
-
-def test_drill_controller_killed_mid_rollout(fleet: list[str]) -> None:
-    """Drill 8: roll the canary back to the first tag and SIGKILL ansible-playbook (and its workers) as soon as its
-    first unit file names the new digest - units half switched, nothing restarted or recorded, the marker left. The
-    next rollout.yml run must complete: every instance on the new digest, record and units agree, nothing stopped.
-    (One host: the other hosts would only repeat the canary's batch; they must stay untouched.)"""
-    canary, others = fleet[0], fleet[1:]
-    target = registry_digest("nightly")
-    untouched = {h: running(h) for h in others}
-    serving_before = {canary: sorted(running(canary))}
-    images_before = {canary: set(on_host(canary, "podman images -q --no-trunc").split())}
-    weights_before = {canary: on_host(canary, "ls /var/lib/d3/huggingface/hub/*/snapshots")}
-    # the digest pinned: the drill must not depend on what the tag resolves to while it runs
-    pinned = {"d3_image_name": f"{IMAGE}:nightly", "d3_image_digest": target}
-    argv = [labkit.venv_tool("ansible-playbook"), "playbooks/rollout.yml", "-i", str(labkit.LAB_INVENTORY), "-l", canary,
-            "-e", json.dumps(pinned)]  # fmt: skip
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=labkit.ANSIBLE_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    try:
-        labkit.wait_until(f"{canary}: a unit file naming {target[:19]}", lambda: _unit_files_with(canary, target), timeout=240,
-                          poll=0.05)  # fmt: skip
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    killed_at = time.monotonic() - started
-    assert on_host(canary, f"test -e {MARKER} && echo present || echo absent").strip() == "present"
-    recorded = json.loads(on_host(canary, "cat /var/lib/d3/deployed.json"))
-    assert target not in recorded["image_ref"], "the killed run must not have recorded the canary yet"
-
-    resumed = run_playbook("playbooks/rollout.yml", limit=canary, extravars=pinned)
-    assert resumed.status == "successful", resumed.failure_text()
-    reasons = {unit: reason for unit, (_, reason) in downtimes_of(resumed.stdout).items()}
-    for host in others:
-        assert running(host) == untouched[host], host
-    for host in [canary]:
-        record = json.loads(on_host(host, "cat /var/lib/d3/deployed.json"))
-        containers = labkit.d3_containers(host)
-        assert sorted(running(host)) == serving_before[host], host  # no instance left stopped
-        assert record["image_ref"] == f"{IMAGE}@{target}", host
-        for name, info in containers.items():
-            # what runs is what is recorded
-            assert info["ImageName"] == record["image_ref"], (host, name, resumed.stdout[-4000:])
-            assert info["Config"]["Labels"]["io.d3-fleet.revision"] == record["instances"][name]["revision"], (host, name)
-            assert on_host(host, f"systemctl is-active {name}.service").strip() == "active"
-        assert on_host(host, f"test -e {MARKER} && echo present || echo absent").strip() == "absent", host
-        assert images_before[host] <= set(on_host(host, "podman images -q --no-trunc").split()), host  # images kept
-        assert on_host(host, "ls /var/lib/d3/huggingface/hub/*/snapshots") == weights_before[host], host  # weights kept
-    # the canary's units written by the killed run were restarted although they did not change again
-    assert any("newer than the" in r for r in reasons.values()), reasons
-    figure(8, "controller killed mid-rollout", f"killed {killed_at:.0f} s in (canary units half switched); the next run completed, "
-           f"{len(reasons)} instances restarted, record = units, marker gone", started)  # fmt: skip
+    figure(9, "broken image at the canary", f"stopped at the canary {canary}, drained again, back on its previous digest, "
+           f"serving and given back to the router; the other replica untouched; 0 failed requests", started)  # fmt: skip

@@ -163,8 +163,15 @@ def _model(server: dict[str, Any]) -> str:
     return str(server.get("model") or (backend[3:] if backend.startswith("be_") else backend))
 
 
-def drain_check(stats: dict[str, list[dict[str, Any]]], servers: list[dict[str, Any]], batch: list[dict[str, Any]],
-                min_up: Any = 1) -> list[str]:  # fmt: skip
+def _listed(servers: Any) -> list[dict[str, Any]]:
+    """Servers as a list of {backend, server, ...}: a list as given, or the routers' view of one host (instance ->
+    {backend, server}) with each entry's ``instance`` added."""
+    if isinstance(servers, dict):
+        return [{**value, "instance": name} for name, value in servers.items()]
+    return list(servers or [])
+
+
+def drain_check(stats: dict[str, list[dict[str, Any]]], servers: Any, batch: Any, min_up: Any = 1) -> list[str]:
     """Refusals for draining ``servers`` (one host's {backend, server}) now. ``stats``: router -> its ``show stat`` rows
     ({backend, server, scur, status}, the module haproxy_runtime's ``stat``); ``batch``: every server the current batch
     drains (this host's included). In every router, each backend of ``servers`` that has two or more servers must keep
@@ -172,6 +179,7 @@ def drain_check(stats: dict[str, list[dict[str, Any]]], servers: list[dict[str, 
     backend with one server (a model with one replica) is not refused: its restart cannot be hidden from clients."""
     if isinstance(min_up, bool) or not str(min_up).isdigit() or int(min_up) < 1:
         return [f"d3_rollout_min_up is {min_up!r}: it must be a whole number, at least 1. Fix the -e value or the inventory."]
+    servers, batch = _listed(servers), _listed(batch)
     leaving = {(s.get("backend"), s.get("server")) for s in [*batch, *servers]}
     problems = []
     for router in sorted(stats):
@@ -199,11 +207,13 @@ def drain_check(stats: dict[str, list[dict[str, Any]]], servers: list[dict[str, 
     return problems
 
 
-def drain_plan(stats: dict[str, list[dict[str, Any]]], servers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def drain_plan(stats: dict[str, list[dict[str, Any]]], servers: Any) -> list[dict[str, Any]]:
     """Per router: which of ``servers`` the rollout drains, and which it leaves as it found them. A server an operator
     put in maintenance (MAINT) or drain (DRAIN) is left: the rollout neither drains nor gives it back. Each entry:
-    {router, drain: [{backend, server, scur}], kept: ["backend/server (STATUS)"], inflight} - ``scur``: the server's
-    current sessions when ``show stat`` was read before the drain; ``inflight``: their sum."""
+    {router, drain: [{backend, server, ..., scur}], kept: ["backend/server (STATUS)"], inflight} - the server's own
+    keys (``instance``...) kept, ``scur``: its current sessions when ``show stat`` was read before the drain;
+    ``inflight``: their sum. ``servers``: a list, or one host's entry of the routers' view (instance -> server)."""
+    servers = _listed(servers)
     plan = []
     for router in sorted(stats):
         rows = {(r.get("backend"), r.get("server")): r for r in stats[router]}
@@ -214,9 +224,20 @@ def drain_plan(stats: dict[str, list[dict[str, Any]]], servers: list[dict[str, A
             if word.startswith("MAINT") or word == "DRAIN":
                 kept.append(f"{server['backend']}/{server['server']} ({row['status']})")
             else:
-                drain.append({"backend": server["backend"], "server": server["server"], "scur": int(row.get("scur") or 0)})
+                drain.append({**server, "scur": int(row.get("scur") or 0)})
         plan.append({"router": router, "drain": drain, "kept": kept, "inflight": sum(d["scur"] for d in drain)})
     return plan
+
+
+def drain_detail(plan: list[dict[str, Any]]) -> str:
+    """What a drain did, for the progress line: per router, each server drained with the requests it had in flight
+    (``show stat`` scur, read just before the drain), then the servers left as found."""
+    parts = []
+    for entry in plan:
+        drained = ", ".join(f"{d['backend']}/{d['server']} {d.get('scur', 0)} in flight" for d in entry.get("drain") or [])
+        kept = ", ".join(entry.get("kept") or [])
+        parts.append(f"{entry['router']}: {drained or 'nothing drained'}" + (f"; left as found: {kept}" if kept else ""))
+    return "; ".join(parts) or "no router"
 
 
 def drain_records(text: str) -> list[dict[str, Any]]:
@@ -354,7 +375,8 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems,
                 "d3_rollout_slice_problems": slice_problems, "d3_rollout_drain_check": drain_check,
-                "d3_rollout_drain_plan": drain_plan, "d3_rollout_drain_records": drain_records,
+                "d3_rollout_drain_plan": drain_plan, "d3_rollout_drain_detail": drain_detail,
+                "d3_rollout_drain_records": drain_records,
                 "d3_rollout_restore_plan": restore_plan, "d3_rollout_progress": progress,
                 "d3_rollout_batch_line": batch_line, "d3_rollout_failure_cause": failure_cause,
                 "d3_rollout_downtimes": rollout_downtimes, "d3_rollout_rows": rollout_rows,

@@ -265,3 +265,13 @@ def test_the_drain_detail_names_each_server_with_its_requests_in_flight_and_what
     assert drain_detail(plan) == ("r1: be_a/h1-a 3 in flight, be_b/h1-b 0 in flight; left as found: be_c/h1-c (MAINT), "
                                   "be_d/h1-d (DRAIN); r2: nothing drained; r3: nothing drained")  # fmt: skip
     assert drain_detail([]) == "no router"
+
+
+def test_the_refusals_name_every_other_server_and_the_value_given() -> None:
+    (problem,) = drain_check({"r1": [row("h1-a"), row("h2-a", "DOWN"), row("h3-a", "MAINT")]}, [A1], [])
+    assert "its other servers: h2-a (DOWN), h3-a (MAINT). The rollout stops" in problem
+    (undeclared,) = slice_problems(2, 1, [], "r1")
+    assert undeclared == ('this rollout is slice 1 of 2 (d3_image_slice_count / d3_image_slice_number) and d3_rollout_routers '
+                          'is "r1": a slice holds only its own hosts, so a slice that sees no router would restart its hosts '
+                          "without draining them. Set d3_rollout_routers on the job template to the list of every router "
+                          "of the fleet ([] when it has none).")  # fmt: skip

@@ -144,6 +144,10 @@ def test_drain_records_are_read_one_json_object_a_line_bad_lines_skipped() -> No
             '{"backend": "be_a", "server": "h1-a"}\n{"server": "x"}\n')  # fmt: skip
     assert drain_records(text) == [{"backend": "be_a", "server": "h1-a"}, {"backend": "be_b", "server": "h2-b", "host": "h2"}]
     assert drain_records("") == [] and drain_records(None) == []  # type: ignore[arg-type]
+    # files concatenated by cat without a newline between them
+    assert drain_records('{"backend": "b", "server": "s2"}{"backend": "b", "server": "s1"} \t{"x": 1}') == [
+        {"backend": "b", "server": "s1"}, {"backend": "b", "server": "s2"}]
+    assert drain_records('nope {"backend": "b", "server": "s"}\n{"backend": "b", "server": "t"}') == [{"backend": "b", "server": "t"}]
 
 
 def test_restore_gives_back_recorded_drains_but_not_an_operators_maint_nor_unknown_servers() -> None:

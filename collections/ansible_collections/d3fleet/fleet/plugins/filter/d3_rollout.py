@@ -241,13 +241,22 @@ def drain_detail(plan: list[dict[str, Any]]) -> str:
 
 
 def drain_records(text: str) -> list[dict[str, Any]]:
-    """The drain records a router holds (``find DIR -name '*.json' -exec cat {} +``: one JSON object per line, written
-    by the d3_state role's drains.yml). A line that is not a record {backend, server, ...} is skipped."""
+    """The drain records a router holds (``find DIR -name '*.json' -exec cat {} +``: the JSON objects written by the
+    d3_state role's drains_record.yml, one after the other, with or without a newline between them). What is not a
+    record {backend, server, ...} is skipped, up to the next line."""
+    decoder = json.JSONDecoder()
     out = []
-    for line in str(text or "").splitlines():
+    text = str(text or "")
+    at = 0
+    while at < len(text):
+        if text[at].isspace():
+            at += 1
+            continue
         try:
-            record = json.loads(line)
+            record, at = decoder.raw_decode(text, at)
         except ValueError:
+            newline = text.find("\n", at)
+            at = len(text) if newline < 0 else newline + 1
             continue
         if isinstance(record, dict) and isinstance(record.get("backend"), str) and isinstance(record.get("server"), str):
             out.append(record)

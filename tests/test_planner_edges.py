@@ -323,3 +323,8 @@ def test_json_keys_of_known_flags_and_a_harmless_kv_cache_dtype() -> None:
     assert plan([{"model": "plain", "extra_args": ["--max-model-len.x=1"]}])["errors"] == [
         "host h: d3_models[0] (plain): extra_args sets --max-model-len.x (a JSON key of --max-model-len), which the planner reads as a whole. Fix: give --max-model-len VALUE instead"]
     assert plan([{"model": "plain", "extra_args": ["--kv-cache-dtype=auto"]}])["errors"] == []
+
+
+def test_batched_tokens_that_do_not_parse() -> None:
+    assert plan([{"model": "plain", "extra_args": ["--max-num-batched-tokens=lots"]}])["errors"] == [
+        "host h: d3_models[0] (plain): --max-num-batched-tokens in extra_args does not parse (invalid literal for int() with base 10: 'lots'). Fix: give a number"]

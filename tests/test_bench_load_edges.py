@@ -510,3 +510,26 @@ def test_module_hides_both_api_keys(capsys: pytest.CaptureFixture[str], monkeypa
     text = json.dumps(out)
     assert "own-s3cret" not in text and "global-s3cret" not in text
     assert out["invocation"]["module_args"]["api_key"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
+
+
+def test_module_defaults_and_conversions_of_the_load_options(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(bench_load, "bench_target", lambda p, t: seen.append(p) or {"name": t["name"]})
+    target = [{"name": "a", "url": "u", "model": "m"}]
+    run_module(bench_load, capsys, targets=target)
+    run_module(bench_load, capsys, targets=target, request_rates=["8", 2], load_targets=[5, "b"], seed="3", slo_ms="250",
+               metrics_path="")
+    default, given = seen
+    keys = ("request_rates", "load_targets", "seed", "slo_ms", "metrics_path")
+    assert {k: default[k] for k in keys} == {"request_rates": [], "load_targets": [], "seed": 0, "slo_ms": 0.0,
+                                             "metrics_path": "/metrics"}
+    assert {k: given[k] for k in keys} == {"request_rates": [8.0, 2.0], "load_targets": ["5", "b"], "seed": 3, "slo_ms": 250.0,
+                                           "metrics_path": ""}
+    assert [type(x) for x in given["request_rates"]] == [float, float] and type(given["slo_ms"]) is float
+
+
+@pytest.mark.parametrize("bad", [{"request_rates": [0]}, {"request_rates": [2, -1]}, {"slo_ms": -1}])
+def test_module_refuses_bad_load_options(capsys: pytest.CaptureFixture[str], bad: dict[str, Any]) -> None:
+    out = run_module(bench_load, capsys, targets=[{"name": "a", "url": "u", "model": "m"}], **bad)
+    assert out["failed"] is True and out["msg"].startswith("concurrency levels must be >= 1")
+    assert f"request_rates > 0 (got {[float(r) for r in bad.get('request_rates', [])]})" in out["msg"]

@@ -119,7 +119,8 @@ def test_an_open_level_sends_on_schedule_whatever_the_answers(fake: tuple[type[F
     assert [round(s, 6) for s in clock.slept] == [round(b - a, 6) for a, b in zip([0.0, *schedule], schedule, strict=False)]
     assert row["scheduled"] == len(schedule) == row["requests"] and row["offered_per_s"] == round(len(schedule) / 2.0, 2)
     assert row["errors"] == 1 and row["not_sent"] == 0 and row["error_examples"] == ["HTTP 500: busy"]
-    assert row["rate"] == 4.0 and row["elapsed_s"] >= 2.0 and row["lag_p99_ms"] == 0.0
+    assert row["rate"] == 4.0 and row["elapsed_s"] == 2.0 and row["lag_p99_ms"] == 0.0  # the level lasts its schedule
+    assert row["n"] == len(schedule) - 1 and row["max"] == 900.0
     assert [r["phase"] for r in rec.records] == ["open"] * len(schedule)
     assert all(r["scheduled_s"] == pytest.approx(s, abs=1e-6) for r, s in zip(sorted(rec.records, key=lambda r: r["scheduled_s"]),
                                                                            schedule, strict=True))
@@ -135,7 +136,7 @@ def test_an_open_level_counts_a_thread_failure_and_what_the_cap_did_not_send(fak
         row = bench_load.rate_level(TARGET, "/p", b"{}", 50.0, 0.2, -6.0, 1, rec, max_inflight=2)  # no wait at all
     finally:
         fk.HOLD.set()
-    assert row["not_sent"] == row["scheduled"] - 2 and row["errors"] == row["scheduled"]
+    assert row["not_sent"] == row["scheduled"] - 2 and row["errors"] == row["scheduled"] == row["requests"]
     assert "still unanswered after the timeout" in row["error_examples"]
     fk.SCRIPT, fk.HOLD = [(-9, b"", 1.0)], None
     row = bench_load.rate_level(TARGET, "/p", b"{}", 10.0, 0.5, 1.0, 2, bench_load.Recorder())

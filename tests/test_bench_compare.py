@@ -3,18 +3,15 @@ when its interval excludes 0 (accuracy: Newcombe's hybrid score interval; latenc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import testkit
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("bench_compare", ROOT / "tools/bench_compare.py")
-assert spec and spec.loader
-bc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bc)
+bc = testkit.load_file("bench_compare", ROOT / "tools/bench_compare.py")
 
 
 def inst(name: str, correct: int, q4: list[float], health: int = 200, image: str = "img@sha256:1") -> dict[str, Any]:

@@ -5,7 +5,6 @@ suite's accuracy differs per model and per case; the smoke test's billing ticket
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import threading
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import testkit
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,12 +27,7 @@ SIZES = {"vllm-sr/d3": (52.2e9, 12.15), "vllm-sr/d3-flash": (19.4e9, 9.03), "vll
 
 @pytest.fixture(scope="module")
 def sim() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_sim_bench", ROOT / "lab/simulator/vllm_sim.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return testkit.load_file("vllm_sim_bench", ROOT / "lab/simulator/vllm_sim.py")
 
 
 def test_latency_fitted_to_the_field_report_and_growing_with_size(sim: ModuleType) -> None:

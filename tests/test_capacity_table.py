@@ -3,20 +3,17 @@ the planner today (regenerate: python tools/capacity_table.py --write)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
+import testkit
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_tool() -> Any:
-    spec = importlib.util.spec_from_file_location("capacity_table", ROOT / "tools" / "capacity_table.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = testkit.load_file("capacity_table", ROOT / "tools" / "capacity_table.py")
     return module
 
 

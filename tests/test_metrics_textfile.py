@@ -4,7 +4,6 @@ NVIDIA stand-in answers the same query (run from its source, as root: it creates
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import testkit
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,11 +20,7 @@ SCRIPT = ROOT / "roles/d3_metrics/files/d3_textfile.py"
 STAND_IN = ROOT / "lab/nvidia/src/lab-nvidia-driver"
 CONTRACT = yaml.safe_load((ROOT / "tests/contracts/metrics/names.yml").read_text())
 
-spec = importlib.util.spec_from_file_location("d3_textfile", SCRIPT)
-assert spec is not None and spec.loader is not None
-textfile = importlib.util.module_from_spec(spec)
-sys.modules["d3_textfile"] = textfile
-spec.loader.exec_module(textfile)
+textfile = testkit.load_file("d3_textfile", SCRIPT)
 
 # the values of the real H200 capture (tests/fixtures/nvidia-smi/h200-driver580/nvidia-smi-q.txt: 0 MiB of 143771 used,
 # 38 C, 82.15 W instantaneous, ECC on with 0 uncorrected volatile errors, bus 00000000:00:06.0) in QUERY's order

@@ -3,6 +3,7 @@ ansible.cfg, and a module's main() run in-process. The lab tests have theirs in 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +16,16 @@ from ansible.module_utils.testing import patch_module_args
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the project's .venv/bin: ansible-playbook, ansible-doc
+
+
+def load_file(name: str, path: Path) -> Any:
+    """The Python file at ``path`` (a tool, a lab stand-in: not on any import path) imported as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def ansible_env(**extra: str) -> dict[str, str]:

@@ -175,8 +175,17 @@ def test_bad_hosts_and_routers_are_refused(fleet: dict[str, Any]) -> None:
     errors = metrics_scrape(fleet, "router1", {"router1": {"metrics_port": 0}})["errors"]
     assert errors == ["router router1: d3_router_metrics_port = 0 is not a TCP port (1-65535). Fix the inventory."]
     errors = metrics_scrape(fleet, "mon", {"r\n1": {"ansible_host": "a\nb"}})["errors"]
-    assert errors == ["host r\n1: the monitor's address for it, 'a\\nb', is not an IP address or a DNS host name. "
+    assert errors == ["host r\n1: the monitor's address for it, 'a\\nb', is not one line of text. Fix its ansible_host."]
+
+
+@pytest.mark.parametrize("address", ["1.2.3.999", "a..b", "-host", "::::", "host-", "10.0.0.1:9100", "[::1]", "fe80::1%a b"])
+def test_an_address_the_router_would_refuse_is_refused_here_too(fleet: dict[str, Any], address: str) -> None:
+    """One check for both (module_utils/d3_address.py): before it, the monitor took any run of letters, digits, '.',
+    ':' and '-' (1.2.3.999, a..b, ::::) where the router refused them."""
+    errors = metrics_scrape(fleet, "mon", {"r1": {"ansible_host": address}})["errors"]
+    assert errors == [f"host r1: the monitor's address for it, {address!r}, is not an IP address or a DNS host name. "
                       "Fix its ansible_host."]  # fmt: skip
+    assert [t for t in metrics_scrape(fleet, "mon", {"r1": {"ansible_host": address}})["targets"] if t["labels"]["host"] == "r1"] == []
     assert metrics_scrape(fleet, "router1", ["router1"])["errors"] == [
         "d3-routers hosts: expected a mapping of host to its variables, got ['router1']"]
     far = copy.deepcopy(fleet)

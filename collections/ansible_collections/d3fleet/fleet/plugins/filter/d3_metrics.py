@@ -24,6 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_address import address_problem as _address_problem
+
 try:  # under Ansible: the collection's own modules
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_inputs import check, control_free, shown
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_router import router_backends
@@ -120,12 +122,6 @@ def _host_address(spec: dict[str, Any], host: str, monitor_host: str) -> str:
     return host
 
 
-def _host_problem(address: str) -> str | None:
-    if not control_free(address) or not re.fullmatch(r"[A-Za-z0-9.:-]+", address):
-        return "is not an IP address or a DNS host name"
-    return None
-
-
 def metrics_scrape(
     _input: Any,
     monitor_host: str = "",
@@ -174,7 +170,7 @@ def metrics_scrape(
             hosts.setdefault(str(host), (spec, offset if isinstance(offset, int) and not isinstance(offset, bool) else 0))
     for host, (spec, offset) in sorted(hosts.items()):
         address = _host_address(spec, host, monitor_host)
-        problem = _host_problem(address)
+        problem = _address_problem(address)
         if problem:
             errors.append(f"host {host}: the monitor's address for it, {shown(address)}, {problem}. Fix its ansible_host.")
             continue
@@ -193,7 +189,7 @@ def metrics_scrape(
                           "Fix the inventory.")  # fmt: skip
             continue
         address = _host_address(spec, str(router), monitor_host)
-        if not _host_problem(address):  # a bad address was refused above: every router's node exporter is a target
+        if not _address_problem(address):  # a bad address was refused above: every router's node exporter is a target
             targets.append({"job": "d3-router", "target": _target(address, port),
                             "labels": {"host": str(router), "instance": str(router)}})  # fmt: skip
     jobs = []

@@ -41,6 +41,8 @@ import json
 import re
 from typing import Any
 
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_address import address_problem as _address_problem
+
 try:  # under Ansible: the collection's own module
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_inputs import check, control_free, shown
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_planner import split_args
@@ -51,7 +53,6 @@ except ImportError:  # the unit tests import the filters as top-level modules
 # HAProxy proxy and server names: letters, digits, '-', '_', '.', ':' (configuration.txt, "4. Proxies"); served names
 # come from the planner (NAME_RE, [a-z0-9-]), checked again here since they reach the configuration.
 SERVED_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,126}\Z")
-HOSTNAME = re.compile(r"\A(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?\Z")
 UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # vllm-project/vllm vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults: default_max_num_seqs
 # {LLM_CLASS: 256, OPENAI_API_SERVER: 256} unless the GPU has >= 70 GiB (not an A100): 1024. An L4 has 23 GiB.
@@ -73,15 +74,6 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return ipaddress.ip_address(text)
     except ValueError:
         return None
-
-
-def _address_problem(value: Any) -> str | None:
-    """None when ``value`` is an IP address or a DNS host name, else what is wrong with it."""
-    if not isinstance(value, str) or not control_free(value):
-        return "is not one line of text"
-    if _ip(value) is None and not HOSTNAME.match(value):
-        return "is not an IP address or a DNS host name"
-    return None
 
 
 def _port_ok(value: Any) -> bool:

@@ -3,7 +3,7 @@
 
 Records every POST body (Alertmanager's webhook JSON: status, alerts[].labels, alerts[].status, ...) as one line of
 JSON in --out, and answers 200. Binds loopback only (the lab's router container reaches this machine's loopback as
-10.0.2.2 through slirp4netns). tests/lab/test_metrics.py starts it for its drill; no production role uses it.
+10.0.2.2 through slirp4netns). tests/lab/test_monitor.py starts it for its drill; no production role uses it.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def converge_run(host_names: list[str]) -> Run:
     """ONE site.yml converge of the whole lab fleet (on the default tag, nightly) per session, shared by every test
     that needs a converged fleet; those tests restore what they change."""
     assert len(host_names) >= 2, "the lab needs at least 2 hosts (make lab)"
-    run = labkit.run_playbook("site.yml", limit=f"{labkit.LAB_GROUP}:{labkit.ROUTER_GROUP}")  # the routers too
+    run = labkit.run_playbook("site.yml", limit=f"{labkit.LAB_GROUP}:{labkit.ROUTER_GROUP}:d3-monitors")  # the routers and the monitors too
     assert run.status == "successful", run.failure_text()
     return run
 

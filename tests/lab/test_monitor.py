@@ -97,8 +97,6 @@ def test_every_planned_instance_router_and_host_is_an_up_target_with_the_plan_s_
     assert {s["metric"]["host"] for s in gpus} == set(host_names), gpus
 
 
-@pytest.mark.xfail(reason="HAProxy's exporter on d3_router_metrics_port is the router helper's (issue 25 item 1, "
-                   "role d3_router): not on main when this test was written", strict=False)
 def test_the_router_s_exporter_is_an_up_target(planned: list[dict[str, Any]]) -> None:
     router = [t for t in targets() if t["labels"]["job"] == "d3-router"]
     assert [(t["labels"]["host"], t["health"]) for t in router] == [(ROUTER, "up")], router

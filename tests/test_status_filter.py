@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from d3_status import FilterModule, status_drains, status_rows, status_table
+from d3_status import FilterModule, status_drains, status_monitor, status_rows, status_table
 
 WANTED = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64
@@ -96,7 +96,7 @@ def test_table_is_aligned_and_truncated() -> None:
 
 def test_filter_plugin_exports() -> None:
     assert FilterModule().filters() == {"d3_status_rows": status_rows, "d3_status_table": status_table,
-                                        "d3_status_drains": status_drains}
+                                        "d3_status_drains": status_drains, "d3_status_monitor": status_monitor}
 
 
 def test_an_unresolved_wanted_digest_is_unknown_not_no_drift() -> None:

@@ -6,6 +6,8 @@ unless told otherwise (d3_status_fail_on_unknown)."""
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_labels as label
@@ -182,8 +184,78 @@ def status_drains(records: list[dict[str, Any]], rows: list[dict[str, Any]], rou
     return lines
 
 
+# Prometheus' timestamps (docs/querying/api.md): RFC 3339, nanoseconds, Z or an offset; Go's zero time is "never"
+RFC3339 = re.compile(r"\A(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)\Z")
+
+
+def _when(value: Any) -> str:
+    """A Prometheus timestamp in UTC to the second (2026-12-01T23:07:44Z), ``never`` for Go's zero time, ``?`` else."""
+    m = RFC3339.match(value) if isinstance(value, str) else None
+    if not m:
+        return "?"
+    if m.group(1).startswith("0001-"):
+        return "never"
+    moment = datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(2) == "Z" else m.group(2)))
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _data(response: Any, key: str) -> list[dict[str, Any]] | None:
+    """``data[key]`` of a successful Prometheus API answer (tests/contracts/prometheus/api-v1.json), else None."""
+    if not isinstance(response, dict) or response.get("status") != "success" or not isinstance(response.get("data"), dict):
+        return None
+    rows = response["data"].get(key)
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else None
+
+
+def _error(response: Any) -> str:
+    if isinstance(response, dict) and response.get("error"):
+        return f"{response.get('errorType', 'error')}: {response['error']}"
+    return "no answer" if response is None else "not a Prometheus API answer"
+
+
+def status_monitor(targets: Any, alerts: Any, monitor: str) -> list[str]:
+    """What the monitor sees (Prometheus' ``/api/v1/targets?state=active`` and ``/api/v1/alerts`` answers, as
+    ``uri`` returns their JSON, None when it got none): each planned instance's last scrape (job ``d3-vllm``: health,
+    when in UTC, the scrape's error), every other target that is not UP, and the alerts firing (pending ones counted)."""
+    lines: list[str] = []
+    active = _data(targets, "activeTargets")
+    if active is None:
+        lines.append(f"monitor {monitor}: Prometheus' /api/v1/targets failed ({_error(targets)})")
+    else:
+        labels = [(t, t.get("labels") if isinstance(t.get("labels"), dict) else {}) for t in active]
+        rows = sorted(
+            (str(lab.get("host", "?")), str(lab.get("instance", "?")), str(lab.get("model", "")), str(t.get("health", "?")),
+             _when(t.get("lastScrape")), str(t.get("lastError") or ""))
+            for t, lab in labels if lab.get("job") == "d3-vllm"
+        )  # fmt: skip
+        lines.append(f"monitor {monitor}: last scrape of each instance (UTC)")
+        lines += table(("host", "instance", "model", "health", "last scrape", "error"), rows)
+        others = sorted(f"{lab.get('job', '?')} {lab.get('host', '?')} ({t.get('health', '?')}: {t.get('lastError') or 'no error'})"
+                        for t, lab in labels if lab.get("job") != "d3-vllm" and t.get("health") != "up")  # fmt: skip
+        lines.append(f"monitor {monitor}: other targets not up: " + ("; ".join(others) if others else "none"))
+    fired = _data(alerts, "alerts")
+    if fired is None:
+        lines.append(f"monitor {monitor}: Prometheus' /api/v1/alerts failed ({_error(alerts)})")
+        return lines
+    firing = []
+    for alert in fired:
+        lab = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
+        notes = alert.get("annotations") if isinstance(alert.get("annotations"), dict) else {}
+        if alert.get("state") == "firing":
+            where = " ".join(f"{k} {lab[k]}" for k in ("host", "instance", "model", "proxy", "gpu") if lab.get(k))
+            firing.append(f"monitor {monitor}: FIRING {lab.get('alertname', '?')} ({lab.get('severity', '?')}) "
+                          f"{where or 'fleet'} since {_when(alert.get('activeAt'))}: {notes.get('summary', '')} "
+                          f"[{notes.get('runbook_url', 'no runbook')}]")  # fmt: skip
+    pending = sum(1 for a in fired if a.get("state") == "pending")
+    lines += sorted(firing) or [f"monitor {monitor}: no alert firing"]
+    if pending:
+        lines.append(f"monitor {monitor}: {pending} alert(s) pending (not yet held for their for:)")
+    return lines
+
+
 class FilterModule:
-    """Ansible filters: d3_status_rows, d3_status_table, d3_status_drains."""
+    """Ansible filters: d3_status_rows, d3_status_table, d3_status_drains, d3_status_monitor."""
 
     def filters(self) -> dict[str, Any]:
-        return {"d3_status_rows": status_rows, "d3_status_table": status_table, "d3_status_drains": status_drains}
+        return {"d3_status_rows": status_rows, "d3_status_table": status_table, "d3_status_drains": status_drains,
+                "d3_status_monitor": status_monitor}  # fmt: skip

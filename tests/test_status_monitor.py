@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,23 @@ def test_rows_that_are_not_mappings_are_skipped_and_missing_fields_shown_as_unkn
 
 def test_the_filter_is_exported() -> None:
     assert FilterModule().filters()["d3_status_monitor"] is status_monitor
+
+
+def test_times_are_utc_whatever_the_controller_s_zone(monkeypatch: pytest.MonkeyPatch, api: dict[str, Any]) -> None:
+    api["targets"]["data"]["activeTargets"][0]["lastScrape"] = "2026-12-01T23:07:44.5-05:30"
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        lines = status_monitor(api["targets"], api["alerts"], "mon")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert "l4-a  d3-flash  d3-flash  up       2026-12-02T04:37:44Z" in lines
+
+
+def test_a_router_alert_names_its_proxy(api: dict[str, Any]) -> None:
+    api["alerts"]["data"]["alerts"] = [{"labels": {"alertname": "D3RouterErrors", "severity": "critical", "host": "r1",
+                                                   "proxy": "fe_d3"}, "annotations": {"summary": "s", "runbook_url": "u"},
+                                        "state": "firing", "activeAt": "2026-12-01T23:00:00Z"}]  # fmt: skip
+    assert status_monitor(api["targets"], api["alerts"], "m")[-1] == (
+        "monitor m: FIRING D3RouterErrors (critical) host r1 proxy fe_d3 since 2026-12-01T23:00:00Z: s [u]")

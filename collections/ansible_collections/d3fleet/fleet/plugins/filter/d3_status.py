@@ -195,7 +195,7 @@ def _when(value: Any) -> str:
         return "?"
     if m.group(1).startswith("0001-"):
         return "never"
-    moment = datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(2) == "Z" else m.group(2)))
+    moment = datetime.fromisoformat(m.group(1) + m.group(2))  # Python >= 3.11 reads Z
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

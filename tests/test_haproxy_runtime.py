@@ -138,6 +138,18 @@ def test_drain_waits_until_no_session_is_left(haproxy: FakeHAProxy) -> None:
     assert out["servers"] == [{**LITE2, "scur": 0, "status": "DRAIN"}]
 
 
+def test_a_drain_returns_what_each_server_had_in_flight_when_it_was_drained(haproxy: FakeHAProxy) -> None:
+    haproxy.scur[("be_d3-lite", "d3-lab-host2-d3-lite")] = [3, 1, 0]  # 3 in flight when drained, then they finish
+    clock = Clock()
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", wait=True, poll=0.5), False, clock,
+                              clock.sleep)  # fmt: skip
+    assert out["before"] == [{**LITE2, "scur": 3, "status": "UP"}]
+    assert out["servers"] == [{**LITE2, "scur": 0, "status": "DRAIN"}]
+    # only reading: before and servers are the same read
+    read = haproxy_runtime.run(params(haproxy.path, servers=[LITE3]), False, clock, clock.sleep)
+    assert read["before"] == read["servers"] and read["before"][0]["server"] == LITE3["server"]
+
+
 def test_ready_waits_until_every_server_is_up(haproxy: FakeHAProxy) -> None:
     haproxy.status[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DRAIN"]
     clock = Clock()

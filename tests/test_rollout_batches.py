@@ -54,8 +54,10 @@ def test_more_than_max_unavailable_is_refused_and_one_replica_models_are_not() -
     assert drain_problems([["h1"]], {"h1": ["d3-flash"]}, 1) == []
 
 
-def test_two_replicas_on_one_host_count_twice() -> None:
-    assert "2 of the 3 replicas of a" in drain_problems([["h1"], ["h2"]], {"h1": ["a", "a"], "h2": ["a"]}, 1)[0]
+def test_two_replicas_on_one_host_count_as_many_as_its_waves_drain_at_once() -> None:
+    # one at a time (d3_rollout_waves), so a batch of h1 alone drains 1 of 3; max 1 and a whole-batch pair: 2 of 3
+    assert drain_problems([["h1"], ["h2"]], {"h1": ["a", "a"], "h2": ["a"]}, 1) == []
+    assert "2 of the 3 replicas of a" in drain_problems([["h1", "h2"]], {"h1": ["a", "a"], "h2": ["a"]}, 1)[0]
 
 
 def test_max_unavailable_below_one_is_refused() -> None:
@@ -89,6 +91,7 @@ def test_exports() -> None:
                                       "d3_rollout_drain_records",
                                       "d3_rollout_restore_plan", "d3_rollout_progress", "d3_rollout_batch_line",
                                       "d3_rollout_failure_cause", "d3_rollout_downtimes", "d3_rollout_rows",
-                                      "d3_rollout_summary", "d3_systemctl_show"])  # fmt: skip
+                                      "d3_rollout_summary", "d3_systemctl_show", "d3_rollout_waves"])  # fmt: skip
     assert all(filters[k].__name__ == k.removeprefix("d3_rollout_").replace("d3_", "") or k in (
-        "d3_rollout_batches", "d3_rollout_drain_problems", "d3_rollout_downtimes", "d3_rollout_rows") for k in filters)
+        "d3_rollout_batches", "d3_rollout_drain_problems", "d3_rollout_downtimes", "d3_rollout_rows",
+        "d3_rollout_waves") for k in filters)

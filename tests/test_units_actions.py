@@ -175,7 +175,49 @@ def test_a_key_file_newer_than_an_instance_reloads_too() -> None:
 
 def test_an_empty_plan_decides_nothing() -> None:
     out = units_actions({"changed": False, "skipped": True, "results": []}, {"units": {}, "files": {}}, SKIPPED, SKIPPED, OPTIONS)
-    assert out == {"actions": [], "reload": False, "restarted": []}
+    assert out == {"actions": [], "reload": False, "restarted": [], "stops": []}
+
+
+def gpu_rendered(gpus: dict[str, list[int]], changed_units: tuple[str, ...]) -> dict[str, Any]:
+    out = rendered(*gpus, changed_units=changed_units)
+    for result in out["results"]:
+        result["item"]["gpus"] = gpus[result["item"]["unit"]]
+    return out
+
+
+def test_instances_sharing_a_gpu_that_restart_together_are_stopped_first_the_later_ones_first() -> None:
+    gpus = {"d3-a": [0], "d3-b": [0], "d3-c": [1], "d3-d": [0, 1]}
+    units = {u: running() for u in gpus}
+    # a, b and d restart; a and b share GPU 0, d shares 0 and 1: all three stop before any starts; c is left alone
+    out = units_actions(gpu_rendered(gpus, ("d3-a", "d3-b", "d3-d")), host(units), SKIPPED, SKIPPED, OPTIONS)
+    assert out["stops"] == ["d3-d", "d3-b", "d3-a"]
+    assert [(a["unit"], a["action"], a["state"], a["call"]) for a in out["actions"]] == [
+        ("d3-a", "restart", "started", True), ("d3-b", "restart", "started", True), ("d3-c", "none", "started", False),
+        ("d3-d", "restart", "started", True)]  # fmt: skip
+    assert [r["unit"] for r in out["restarted"]] == ["d3-a", "d3-b", "d3-d"]
+
+
+def test_a_restart_alone_on_its_gpu_or_beside_instances_that_stay_is_a_plain_restart() -> None:
+    gpus = {"d3-a": [0], "d3-b": [0], "d3-c": [1]}
+    units = {u: running() for u in gpus}
+    # a restarts, b (same GPU) stays: a plain restart; c alone on GPU 1
+    out = units_actions(gpu_rendered(gpus, ("d3-a", "d3-c")), host(units), SKIPPED, SKIPPED, OPTIONS)
+    assert out["stops"] == [] and [a["state"] for a in out["actions"]] == ["restarted", "started", "restarted"]
+    # a restarts while b, stopped, starts on its GPU: a is stopped first; b was not running, nothing to stop
+    units["d3-b"] = running(ActiveState="inactive")
+    out = units_actions(gpu_rendered(gpus, ("d3-a",)), host(units), SKIPPED, SKIPPED, OPTIONS)
+    assert out["stops"] == ["d3-a"] and [a["state"] for a in out["actions"]] == ["started", "started", "started"]
+    # without GPUs in the items (no sharing known), nothing is stopped first
+    out = units_actions(rendered("d3-a", "d3-b", changed_units=("d3-a", "d3-b")), host({"d3-a": running(), "d3-b": running()}),
+                        SKIPPED, SKIPPED, OPTIONS)  # fmt: skip
+    assert out["stops"] == [] and [a["state"] for a in out["actions"]] == ["restarted", "restarted"]
+
+
+def test_in_check_mode_a_unit_that_would_be_written_is_not_stopped_first() -> None:
+    gpus = {"d3-a": [0], "d3-b": [0]}
+    units = {u: running() for u in gpus}
+    out = units_actions(gpu_rendered(gpus, ("d3-a", "d3-b")), host(units), SKIPPED, SKIPPED, {**OPTIONS, "check_mode": True})
+    assert out["stops"] == [] and [a["call"] for a in out["actions"]] == [False, False]
 
 
 @pytest.mark.parametrize(

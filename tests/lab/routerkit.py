@@ -1,5 +1,6 @@
 """Helpers for the lab tests of the router (test_router.py) and of the rollouts through it (test_rollout.py): the
-lab router host, the model with two replicas (d3-lite on d3-lab-host2 and d3-lab-host3, playbooks/vars/lab.yml),
+lab router host, the model with three replicas (d3-lite on d3-lab-host3, and twice on d3-lab-host2 as `spread:
+false` places two replicas on one host: instances d3-lite and d3-lite-2, one served name; playbooks/vars/lab.yml),
 the router's models as the converge published them, and HAProxy's server states.
 
 The lab is a STAND-IN (lab/README.md): the routers reach the hosts through this machine's loopback (published ports)."""
@@ -10,6 +11,7 @@ import http.client
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -27,9 +29,10 @@ import rollout_under_load as load_tool
 
 ROUTER = "d3-lab-router1"
 MODEL = "d3-lite"
-REPLICAS = ["d3-lab-host2", "d3-lab-host3"]
+REPLICAS = ["d3-lab-host2", "d3-lab-host3"]  # the hosts of d3-lite's replicas
+PAIR_HOST = "d3-lab-host2"  # the host with two of them (instances d3-lite and d3-lite-2)
 RATE = 10.0
-WARMUP_S = 8.0
+WARMUP_S = 3.0  # the open-loop load's seconds before the rollout starts (9 decisions at 3/s: its "before" figures)
 # the role default (the lab router sets no other)
 SOCKET = yaml.safe_load((ROOT / "roles/d3_router/defaults/main.yml").read_text())["d3_router_stats_socket"]
 
@@ -40,8 +43,9 @@ STATE_FILE = yaml.safe_load((ROOT / "roles/d3_router/vars/main.yml").read_text()
 # the one fleet endpoint (routes by the body's model), when the router role has one
 ENDPOINT_PORT = yaml.safe_load((ROOT / "roles/d3_router/defaults/main.yml").read_text()).get("d3_router_port")
 
-__all__ = ["ENDPOINT_PORT", "MODEL", "RATE", "REPLICAS", "ROUTER", "WARMUP_S", "KeepAliveClients", "ask", "load_tool",
-           "machine_url", "reload_like_the_role", "routed", "server_states", "set_state"]
+__all__ = ["ENDPOINT_PORT", "MODEL", "PAIR_HOST", "RATE", "REPLICAS", "ROUTER", "WARMUP_S", "KeepAliveClients", "ask",
+           "load_tool", "machine_url", "reload_by_hand", "routed", "server_states", "set_state", "stop_waiting",
+           "wait_for_state"]
 
 
 def router_models(run: Run) -> list[dict[str, Any]]:
@@ -55,7 +59,7 @@ def router_models(run: Run) -> list[dict[str, Any]]:
 
 
 def routed(converge_run: Run, host_names: list[str]) -> dict[str, Any]:
-    """served name -> the router's model (frontend port, backend, servers), checked to hold the two d3-lite replicas."""
+    """served name -> the router's model (frontend port, backend, servers), checked to hold d3-lite's replicas."""
     assert set(REPLICAS) <= set(host_names), f"the router tests need {REPLICAS}: make lab LAB_HOSTS=3"
     models = {m["served_name"]: m for m in router_models(converge_run)}
     assert MODEL in models, sorted(models)
@@ -88,13 +92,35 @@ def set_state(backend: str, server: str, state: str) -> None:
     assert not answer.strip(), answer
 
 
-def reload_like_the_role() -> str:
-    """Reload HAProxy the way the d3_router role does (roles/d3_router/tasks/service.yml): save `show servers state`
-    where the new worker reads it (server-state-file), then `systemctl reload haproxy`. Without a state file in the
-    role, only the reload. Returns what was done."""
-    save = f"echo 'show servers state' | socat stdio {SOCKET} > {STATE_FILE} && " if STATE_FILE else ""
-    on_host(ROUTER, f"{save}systemctl reload haproxy")
-    return f"{'saved ' + STATE_FILE + ', ' if STATE_FILE else ''}systemctl reload haproxy"
+_WAITERS: list[subprocess.Popen[str]] = []
+
+
+def wait_for_state(backend: str, state: str, timeout: float) -> str | None:
+    """Wait on the router itself until a server of ``backend`` shows ``state`` in show stat (polled there every 0.1 s:
+    one podman exec, not one per poll); that server's name, or None at the deadline or after stop_waiting()."""
+    script = (f"until out=$(echo 'show stat' | socat stdio {SOCKET} | awk -F, '$1 == \"{backend}\" && $18 == \"{state}\" "
+              "{ print $2; exit }') && [ -n \"$out\" ]; do sleep 0.1; done; echo \"$out\"")  # fmt: skip
+    proc = subprocess.Popen(["podman", "exec", ROUTER, "timeout", str(int(timeout)), "sh", "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    _WAITERS.append(proc)
+    out, _ = proc.communicate()
+    return out.strip() or None if proc.returncode == 0 else None
+
+
+def stop_waiting() -> None:
+    """End the waits of wait_for_state still running (their podman exec, started here)."""
+    for proc in _WAITERS:
+        if proc.poll() is None:
+            proc.terminate()
+    _WAITERS.clear()
+
+
+def reload_by_hand() -> str:
+    """Reload HAProxy as an operator does, `systemctl reload haproxy`, nothing saved first: the d3_router role's
+    drop-in for haproxy.service (roles/d3_router/templates/d3-server-state.conf.j2) saves `show servers state` where
+    the new worker reads it (server-state-file) before the reload itself. Returns what was done."""
+    on_host(ROUTER, "systemctl reload haproxy")
+    return "systemctl reload haproxy (by hand: the unit's drop-in saves the server state)"
 
 
 def endpoint_urls(models: dict[str, Any], names: list[str]) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The router (role d3_router, HAProxy from Debian on the lab router host) in front of the lab fleet: the fleet
 endpoint (port 8000) routing by the body's model, one backend per model with every planned instance as a server
-(d3-lite as two replicas, d3-lab-host2 and d3-lab-host3), the per-model ports the lab inventory names
+(d3-lite as three replicas: d3-lab-host3, and two on d3-lab-host2 in one backend), the per-model ports the lab inventory names
 (d3_router_ports), the paths that do not pass, the Prometheus exporter on its own port, and HAProxy's own check of the
 configuration. TLS and a reload that keeps a drain: test_router_tls.py (last: it turns TLS on). The rollouts through
 the router, under load, are in test_rollout.py (they move the fleet's tag).
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import routerkit
 from labkit import Run, on_host
-from routerkit import MODEL, REPLICAS, ROUTER, ask, machine_url, server_states
+from routerkit import MODEL, PAIR_HOST, REPLICAS, ROUTER, ask, machine_url, server_states
 
 pytestmark = pytest.mark.lab
 
@@ -47,10 +47,13 @@ def fetch(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
 
 
 def test_the_router_serves_every_model_with_every_replica(routed: dict[str, Any]) -> None:
-    """One backend per served model, its servers every planned instance (two for d3-lite), all UP in HAProxy, and a
-    decision through each model's own port (d3_router_ports) from this machine."""
+    """One backend per served model, its servers every planned instance (three for d3-lite: two of them on one host,
+    as `spread: false` places them, one backend with two servers there), all UP in HAProxy, and a decision through
+    each model's own port (d3_router_ports) from this machine."""
     lite = routed[MODEL]
-    assert sorted(s["host"] for s in lite["servers"]) == REPLICAS
+    assert sorted((s["host"], s["instance"]) for s in lite["servers"]) == [
+        (PAIR_HOST, MODEL), (PAIR_HOST, f"{MODEL}-2"), *[(h, MODEL) for h in REPLICAS if h != PAIR_HOST]], lite["servers"]
+    assert len({s["name"] for s in lite["servers"]}) == 3 and set(server_states(lite["backend"])) == {s["name"] for s in lite["servers"]}
     for served, model in routed.items():
         assert set(server_states(model["backend"]).values()) == {"UP"}, (served, server_states(model["backend"]))
         answer = ask(machine_url(model["port"]), served)

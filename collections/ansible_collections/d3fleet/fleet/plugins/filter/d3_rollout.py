@@ -1,11 +1,12 @@
 """Rollout batches, replica availability, drains, progress, failures and downtimes (filters ``d3_rollout_batches``,
-``d3_rollout_drain_problems``, ``d3_rollout_slice_problems``, ``d3_rollout_drain_check``, ``d3_rollout_drain_plan``,
+``d3_rollout_drain_problems``, ``d3_rollout_waves``, ``d3_rollout_slice_problems``, ``d3_rollout_drain_check``, ``d3_rollout_drain_plan``,
 ``d3_rollout_drain_records``, ``d3_rollout_restore_plan``, ``d3_rollout_progress``, ``d3_rollout_failure_cause``,
 ``d3_rollout_downtimes``, ``d3_rollout_rows``, ``d3_rollout_summary``, ``d3_systemctl_show``).
 
-Pure functions. A rollout restarts hosts in batches (the restart play's ``serial``); behind a router, every replica of a
-model on a host of the current batch is drained at once, so a batch must never hold all of a model's replicas nor more
-than ``d3_rollout_max_unavailable`` of them. These filters let the rollout check that for every batch before the first
+Pure functions. A rollout restarts hosts in batches (the restart play's ``serial``), and each host in waves
+(``d3_rollout_waves``); behind a router, a wave's instances are drained at once, and the hosts of a batch run in
+parallel, so a batch must never drain all of a model's replicas at once nor more than ``d3_rollout_max_unavailable``
+of them. These filters let the rollout check that for every batch before the first
 restart, from the same batches Ansible will make.
 """
 
@@ -47,37 +48,110 @@ def rollout_batches(hosts: list[str], serial: Any) -> list[list[str]]:
     return batches
 
 
-def drain_problems(batches: list[list[str]], replicas: dict[str, list[str]], max_unavailable: int) -> list[str]:
+def _whole(value: Any) -> bool:
+    return not isinstance(value, bool) and str(value).isdigit() and int(value) >= 1
+
+
+def _wave_cap(total: int, others: int, min_up: int, max_unavailable: int) -> int:
+    """How many servers of one backend a host may drain at once (one wave): at most ``max_unavailable`` of the model's
+    replicas out together and at least ``min_up`` left serving, the replicas the batch's other hosts drain counted
+    out; never below 1 (a replica must restart some time: the check before each drain refuses what would starve)."""
+    return max(1, min(max_unavailable - others, total - min_up - others))
+
+
+def drain_problems(batches: list[list[str]], replicas: dict[str, list[str]], max_unavailable: int, min_up: Any = 1) -> list[str]:
     """Refusals for batches that would drain too many replicas of one model at once.
 
     ``replicas``: host -> the served model names of its instances (one entry per instance). A model with two or more
     replicas in the fleet must keep one serving through every batch, and at most ``max_unavailable`` of its replicas
-    may be in one batch. A model with one replica cannot stay available through its restart; that is not refused
-    (clients see that instance's restart), and the rollout says so elsewhere."""
-    if isinstance(max_unavailable, bool) or not str(max_unavailable).isdigit() or int(max_unavailable) < 1:
+    may be out at once. A host restarts its instances in waves (``d3_rollout_waves``): of its own replicas of a model it
+    drains at most ``_wave_cap`` at once, so two replicas on one host (``spread: false``) go one at a time and are not
+    refused; the hosts of one batch run in parallel, so their waves add up. A model with one replica cannot stay
+    available through its restart; that is not refused (clients see that instance's restart), and the rollout says so
+    elsewhere."""
+    if not _whole(max_unavailable):
         return [f"d3_rollout_max_unavailable is {max_unavailable!r}: it must be a whole number, at least 1 (a replica must "
                 "restart some time). Fix the -e value or the inventory."]
+    if not _whole(min_up):
+        return [f"d3_rollout_min_up is {min_up!r}: it must be a whole number, at least 1. Fix the -e value or the inventory."]
     totals: dict[str, int] = {}
     for models in replicas.values():
         for model in models:
             totals[model] = totals.get(model, 0) + 1
     problems = []
     for number, batch in enumerate(batches, start=1):
-        counts: dict[str, list[str]] = {}
+        counts: dict[str, dict[str, int]] = {}
         for host in batch:
             for model in replicas.get(host, []):
-                counts.setdefault(model, []).append(host)
+                per_host = counts.setdefault(model, {})
+                per_host[host] = per_host.get(host, 0) + 1
         for model, hosts in sorted(counts.items()):
             total = totals[model]
             if total < 2:
                 continue
-            if len(hosts) >= total or len(hosts) > int(max_unavailable):
+            in_batch = sum(hosts.values())
+            at_once = sum(min(n, _wave_cap(total, in_batch - n, int(min_up), int(max_unavailable))) for n in hosts.values())
+            if at_once >= total or at_once > int(max_unavailable):
                 problems.append(
-                    f"batch {number} ({', '.join(batch)}) would drain {len(hosts)} of the {total} replicas of {model} at once "
-                    f"(on {', '.join(sorted(set(hosts)))}; d3_rollout_max_unavailable = {max_unavailable}). Fix: a smaller "
+                    f"batch {number} ({', '.join(batch)}) would drain {at_once} of the {total} replicas of {model} at once "
+                    f"(on {', '.join(sorted(hosts))}; d3_rollout_max_unavailable = {max_unavailable}). Fix: a smaller "
                     "d3_rollout_serial (e.g. 1), or place the replicas on hosts that fall in different batches."
                 )
     return problems
+
+
+def rollout_waves(instances: list[dict[str, Any]], host: str, view: Any, batch: list[str], min_up: Any = 1,
+                  max_unavailable: Any = 1) -> list[list[str]]:
+    """The waves one host restarts in, each drained, restarted, smoke-tested and given back before the next: lists
+    of instance names, in the plan's order.
+
+    ``instances``: the host's plan (``d3_host_plan.instances``: name, ``start_after`` - the instances sharing a GPU
+    that this one starts after, as the unit's ``After=``); ``view``: the routers' view of the hosts this rollout
+    restarts (host -> instance -> {backend, server}; ``{}`` without routers); ``batch``: the hosts restarting now
+    (``ansible_play_batch``). A wave holds at most ``_wave_cap`` servers of one backend (two ``spread: false``
+    replicas of a model on this host, with the default ``d3_rollout_max_unavailable`` 1: one at a time), counted from
+    the servers ``view`` knows (a ``--limit`` leaves others out: the waves only get smaller). An instance never
+    restarts in an earlier wave than one it starts after: within a wave systemd starts them in that order (``After=``,
+    the earlier one's ``ExecStartPost`` waits for its readiness), and a later wave finds them running. Instances
+    outside the routers (no backend) go in the first wave their order allows; without routers that is one wave. A host
+    that plans nothing gets one empty wave: the units role still removes what is no longer planned."""
+    if not _whole(min_up):
+        raise ValueError(f"d3_rollout_min_up is {min_up!r}: it must be a whole number, at least 1. Fix the -e value or "
+                         "the inventory.")  # fmt: skip
+    if not _whole(max_unavailable):
+        raise ValueError(f"d3_rollout_max_unavailable is {max_unavailable!r}: it must be a whole number, at least 1. Fix "
+                         "the -e value or the inventory.")  # fmt: skip
+    view = view or {}
+    mine = view.get(host) or {}
+    totals: dict[str, int] = {}
+    others: dict[str, int] = {}
+    for name, servers in view.items():
+        for server in servers.values():
+            backend = server.get("backend")
+            totals[backend] = totals.get(backend, 0) + 1
+            if name != host and name in batch:
+                others[backend] = others.get(backend, 0) + 1
+    waves: list[list[str]] = []
+    counts: list[dict[str, int]] = []
+    placed: dict[str, int] = {}
+    for inst in instances:
+        name = inst["name"]
+        backend = (mine.get(name) or {}).get("backend")
+        wave = max([placed[o] for o in inst.get("start_after") or [] if o in placed], default=0)
+        while True:
+            if wave == len(waves):
+                waves.append([])
+                counts.append({})
+            if backend is None:
+                break
+            cap = _wave_cap(totals[backend], others.get(backend, 0), int(min_up), int(max_unavailable))
+            if counts[wave].get(backend, 0) < cap:
+                counts[wave][backend] = counts[wave].get(backend, 0) + 1
+                break
+            wave += 1
+        waves[wave].append(name)
+        placed[name] = wave
+    return waves or [[]]
 
 
 def systemctl_show(text: str) -> dict[str, dict[str, str]]:
@@ -177,7 +251,7 @@ def drain_check(stats: dict[str, list[dict[str, Any]]], servers: Any, batch: Any
     drains (this host's included). In every router, each backend of ``servers`` that has two or more servers must keep
     at least ``min_up`` others UP outside the batch (a DOWN, NOLB, DRAIN or MAINT server takes no new request). A
     backend with one server (a model with one replica) is not refused: its restart cannot be hidden from clients."""
-    if isinstance(min_up, bool) or not str(min_up).isdigit() or int(min_up) < 1:
+    if not _whole(min_up):
         return [f"d3_rollout_min_up is {min_up!r}: it must be a whole number, at least 1. Fix the -e value or the inventory."]
     servers, batch = _listed(servers), _listed(batch)
     leaving = {(s.get("backend"), s.get("server")) for s in [*batch, *servers]}
@@ -383,6 +457,7 @@ class FilterModule:
 
     def filters(self) -> dict[str, Any]:
         return {"d3_rollout_batches": rollout_batches, "d3_rollout_drain_problems": drain_problems,
+                "d3_rollout_waves": rollout_waves,
                 "d3_rollout_slice_problems": slice_problems, "d3_rollout_drain_check": drain_check,
                 "d3_rollout_drain_plan": drain_plan, "d3_rollout_drain_detail": drain_detail,
                 "d3_rollout_drain_records": drain_records,

@@ -13,6 +13,13 @@ a reload, so a restart without one would start the old unit again; an instance w
 (NeedDaemonReload=yes) is restarted after the reload, even if it started since. The states and modification times
 come from the role's one read, taken before this run wrote anything: what this run changes is known from the write
 tasks' results.
+
+Instances sharing a GPU start one after another (the unit's ``After=``, the earlier one's ``ExecStartPost`` waiting
+for its readiness), but a restart is a stop then a start of one unit: restarted one by one, the first could start
+and profile its GPU's memory while another on that GPU still runs and then stops under it (vLLM's memory profiling
+fails when the free memory changes while it measures). So an instance that restarts while another instance on one
+of its GPUs starts or restarts in the same run is stopped first (``stops``, the later ones first), and then started
+with the others, in order.
 """
 
 from __future__ import annotations
@@ -62,9 +69,10 @@ def units_actions(
     ``check_mode`` (bool).
 
     Returns ``actions`` (per instance, in plan order: name, unit, action start|restart|none, new, reason, enabled,
-    state started|restarted, call: whether the systemd call runs), ``reload`` (reload systemd first) and
+    state started|restarted, call: whether the systemd call runs), ``reload`` (reload systemd first),
     ``restarted`` (the role's output ``d3_units_restarted``: name, unit, new, reason of every instance started or
-    restarted).
+    restarted) and ``stops`` (units to stop before any start: restarting beside another instance on their GPU; the
+    item's ``gpus``).
     """
     units = host.get("units") or {}
     key_mtime = _mtime(host, options["key_file"])
@@ -107,7 +115,20 @@ def units_actions(
         or any("newer" in a["reason"] for a in actions)
     )
     restarted = [{k: a[k] for k in ("name", "unit", "new", "reason")} for a in actions if a["action"] != "none"]
-    return {"actions": actions, "reload": reload, "restarted": restarted}
+    return {"actions": actions, "reload": reload, "restarted": restarted, "stops": _stops(rendered, actions)}
+
+
+def _stops(rendered: Mapping[str, Any], actions: list[dict[str, Any]]) -> list[str]:
+    """The units to stop before any instance starts: each restarting one that shares a GPU with another instance
+    starting or restarting now (later ones first); their action's state becomes ``started``."""
+    gpus = [set(result["item"].get("gpus") or []) for result in rendered.get("results") or []]
+    moving = [i for i, a in enumerate(actions) if a["action"] != "none" and a["call"]]
+    stops = []
+    for i in reversed(moving):
+        if actions[i]["action"] == "restart" and any(j != i and gpus[i] & gpus[j] for j in moving):
+            actions[i]["state"] = "started"
+            stops.append(actions[i]["unit"])
+    return stops
 
 
 class FilterModule:

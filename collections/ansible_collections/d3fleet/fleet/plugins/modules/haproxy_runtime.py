@@ -97,6 +97,13 @@ servers:
   type: list
   elements: dict
   returned: success
+before:
+  description:
+    - The rows of O(servers), in their order, as read just before their state was set (the first C(show stat) of the
+      run); with O(state=drain), C(scur) is what each server had in flight when it was drained.
+  type: list
+  elements: dict
+  returned: success
 missing:
   description: The O(servers) HAProxy does not list, C({backend, server}).
   type: list
@@ -218,7 +225,7 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
     check_inputs(p, where)
     state = p["state"]
     rows = read_stat(p, where)
-    wanted = select(rows, p["servers"])
+    wanted = before = select(rows, p["servers"])
     missing = [{"backend": r["backend"], "server": r["server"]} for r in wanted if r["status"] == "MISSING"]
     if state and missing:
         names = ", ".join(f"{m['backend']}/{m['server']}" for m in missing)
@@ -252,6 +259,7 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         "changed": bool(todo),
         "stat": rows,
         "servers": wanted,
+        "before": before,
         "missing": missing,
         "changed_servers": [f"{s['backend']}/{s['server']}" for s in todo],
         "waited_s": waited,

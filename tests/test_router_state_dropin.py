@@ -1,0 +1,58 @@
+"""roles/d3_router's drop-in for haproxy.service (templates/d3-server-state.conf.j2), rendered with Jinja2 as the
+role's template task renders it: every reload, restart and stop saves the servers' state first (the helper
+files/d3-haproxy-save-state), so an operator's `systemctl reload haproxy` keeps the drains as the role's reload does.
+The package's own reload lines come back unchanged after the save: checked against upstream's unit
+(tests/contracts/haproxy/haproxy.service.in, @SBINDIR@ = /usr/sbin as on Debian)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLE = ROOT / "roles/d3_router"
+CONTRACT = ROOT / "tests/contracts/haproxy/haproxy.service.in"
+
+
+def role_vars() -> dict:
+    return {**yaml.safe_load((ROLE / "defaults/main.yml").read_text()), **yaml.safe_load((ROLE / "vars/main.yml").read_text())}
+
+
+def render(**over: str) -> list[str]:
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    text = env.from_string((ROLE / "templates/d3-server-state.conf.j2").read_text()).render(
+        ansible_managed="Ansible managed", **{**role_vars(), **over})
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def upstream(key: str) -> list[str]:
+    lines = CONTRACT.read_text().splitlines()
+    return [line.replace("@SBINDIR@", "/usr/sbin") for line in lines if line.startswith(f"{key}=")]
+
+
+def test_every_reload_saves_the_state_first_then_runs_the_packages_own_reload() -> None:
+    v = role_vars()
+    save = f"{v['_d3_router_save_state']} {v['d3_router_stats_socket']} {v['_d3_router_state_file']}"
+    lines = render()
+    assert lines[0] == "[Service]"
+    reload = [line for line in lines if line.startswith("ExecReload=")]
+    # emptied (a drop-in cannot prepend), the save, then upstream's two lines verbatim and in order
+    assert reload == ["ExecReload=", f"ExecReload={save}", *upstream("ExecReload")]
+    assert len(upstream("ExecReload")) == 2
+    # a restart or stop saves too; the package has no ExecStop= of its own to keep
+    assert [line for line in lines if line.startswith("ExecStop=")] == [f"ExecStop={save}"]
+    assert upstream("ExecStop") == []
+    assert len(lines) == 1 + 4 + 1  # nothing else is overridden
+
+
+def test_the_socket_and_the_file_are_the_roles_and_the_helper_is_the_role_file() -> None:
+    lines = render(d3_router_stats_socket="/run/other/admin.sock")
+    assert "ExecStop=/usr/local/libexec/d3-fleet/d3-haproxy-save-state /run/other/admin.sock /var/lib/haproxy/server-state" in lines
+    helper = (ROLE / "files/d3-haproxy-save-state").read_text()
+    # the helper saves only HAProxy's answer (format version 1 first) and removes an older file it could not replace
+    assert "show servers state" in helper and '= "1" ]' in helper and 'rm -f "$tmp" "$file"' in helper
+    assert helper.rstrip().endswith("exit 0")  # a failed save never blocks the reload
+    config = (ROLE / "templates/haproxy.cfg.j2").read_text()
+    assert "server-state-file {{ _d3_router_state_file }}" in config and "load-server-state-from-file global" in config

@@ -251,3 +251,12 @@ def test_start_epoch(timestamp: str | None, epoch: float) -> None:
 
 def test_the_filter_is_registered() -> None:
     assert FilterModule().filters() == {"d3_units_actions": units_actions}
+
+
+def test_an_instance_that_only_gets_enabled_does_not_count_as_starting_beside_a_restart() -> None:
+    # classic units: b needs no restart, only `enabled: true` (call, action none); a restarts alone on the GPU
+    gpus = {"d3-a": [0], "d3-b": [0]}
+    units = {"d3-a": running(UnitFileState="enabled"), "d3-b": running(UnitFileState="disabled")}
+    out = units_actions(gpu_rendered(gpus, ("d3-a",)), host(units), SKIPPED, SKIPPED, {**OPTIONS, "quadlet": False})
+    assert [(a["action"], a["call"]) for a in out["actions"]] == [("restart", True), ("none", True)]
+    assert out["stops"] == [] and out["actions"][0]["state"] == "restarted"

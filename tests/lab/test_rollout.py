@@ -453,12 +453,13 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
     # was not restarted
     assert {image for image, _ in running(canary).values()} == good
     assert on_host(canary, f"test -e {MARKER} && echo present || echo absent").strip() == "absent"
+    served = {s["instance"]: name for name, m in routed.items() for s in m["servers"] if s["host"] == canary}
     for name in running(canary):
         port = json.loads(on_host(canary, "cat /var/lib/d3/deployed.json"))["instances"][name]["port"]
         answer = on_host(
             canary,
             f"curl -sf http://127.0.0.1:{port}/v1/systemone -H 'Content-Type: application/json' -d "
-            f'\'{{"model": "{name}", "state": "x", "questions": {{"q": {{"type": "noul", "instructions": "ok?"}}}}}}\'',
+            f'\'{{"model": "{served[name]}", "state": "x", "questions": {{"q": {{"type": "noul", "instructions": "ok?"}}}}}}\'',
         )
         assert json.loads(answer)["object"] == "structured_decision"
     assert running(other) == before[other]

@@ -171,6 +171,7 @@ def messages(run: Run, task: str) -> list[tuple[str, Any]]:
 DRAIN_TASK = "Drain this host's instances in every router and wait (no new request; the current ones finish)"
 GIVE_TASK = "Give back this host's drained instances in every router and wait until each is UP"
 WAVE_READ_TASK = "Read every router's servers before this wave's drain (show stat)"
+STOP_TASK = "Stop the instances that restart beside another on their GPU, before any of them starts"
 
 
 def drains_of(run: Run, task: str = DRAIN_TASK) -> list[tuple[int, str, list[dict[str, Any]]]]:
@@ -383,6 +384,13 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
             # the window holds the cold start; its bound leaves room for systemd, the smoke poll and this 2-core
             # machine's other jobs (at + 5 s an unloaded d3-mini failed once with 6.2 s down for a 0.9 s cold start)
             assert cold <= down <= cold + 15, (host, unit, down, cold)
+
+    # PAIR_HOST's first wave restarts d3-nano and d3-lite, which share a GPU (d3-lite starts after d3-nano): both were
+    # stopped before either started (the later first), so neither profiled the GPU's memory while the other still held
+    # it; the second wave's d3-lite-2 restarted alone (d3_units_actions' stops; every instance passed its smoke above)
+    stops = [[r["item"] for r in e["event_data"]["res"]["results"]] for e in run.events if e.get("event") == "runner_on_ok"
+             and e["event_data"].get("task") == STOP_TASK and e["event_data"]["host"] == PAIR_HOST]  # fmt: skip
+    assert [s for s in stops if s] == [["d3-lite", "d3-nano"]], stops
 
     # one summary table: a single-replica model's window as clients could see it (drain to back in the router) beside
     # its unit's (stop to ready); the replicated model lost nothing; the pin command names the new digest

@@ -1,5 +1,6 @@
 """Unit tests for d3_driver_problems (d3_preflight.py): the driver branch check of roles/d3_preflight/tasks/gpus.yml.
-The lab runs it on a host whose driver is R570 (tests/lab/test_real_stack.py::test_driver_r570_refused_then_run_in_cuda_compat)."""
+The lab runs it on a host whose driver is R570
+(tests/lab/test_real_stack.py::test_one_pair_of_hosts_through_real_stack_contracts_and_back)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +249,43 @@ def running(host: str) -> dict[str, tuple[str, str]]:
         for name, info in d3_containers(host).items()
         if info["State"]["Status"] == "running"
     }
+
+
+# --- the lab HF mirror and the weights on a lab host -------------------------------------------------------------
+
+HF_HOME = "/var/lib/d3/huggingface"  # d3_hf_home, the planner's default (d3_planner.Options.hf_home)
+MIRROR = "http://127.0.0.1:8090"
+
+
+def tree_bytes(repo: str, sha: str) -> int:
+    """Bytes of every file of a repository at a revision, as the lab HF mirror lists them."""
+    with urllib.request.urlopen(f"{MIRROR}/api/models/{repo}/tree/{sha}?recursive=true", timeout=30) as resp:
+        return sum(e["size"] for e in json.load(resp) if e.get("type") == "file")
+
+
+def snapshot_facts(host: str, repo: str, sha: str) -> dict[str, Any]:
+    """Bytes on disk of a lab host's snapshot, the safetensors metadata of its weights and its config's
+    quantization method (read on the host)."""
+    snap = f"{HF_HOME}/hub/models--{repo.replace('/', '--')}/snapshots/{sha}"
+    script = (
+        "import json, pathlib, struct, sys\n"
+        f"snap = pathlib.Path({snap!r})\n"
+        "files = [p for p in snap.rglob('*') if p.is_file()]\n"
+        "raw = (snap / 'model.safetensors').read_bytes()\n"
+        "(n,) = struct.unpack('<Q', raw[:8])\n"
+        "meta = json.loads(raw[8:8 + n])['__metadata__']\n"
+        "config = json.loads((snap / 'config.json').read_text())\n"
+        "print(json.dumps({'bytes': sum(p.stat().st_size for p in files), 'meta': meta,\n"
+        "                  'quant': (config.get('quantization_config') or {}).get('quant_method')}))\n"
+    )
+    return json.loads(on_host(host, f"python3 - <<'EOF'\n{script}EOF\n"))
+
+
+def container_args(host: str, name: str) -> list[str]:
+    """The command line of a running D3 container on a lab host."""
+    info = d3_containers(host)[name]
+    assert info["State"]["Status"] == "running", info["State"]
+    return list(info["Config"]["Cmd"] or info["Args"])
 
 
 # --- ansible-runner and recap parsing ---------------------------------------------------------------------------

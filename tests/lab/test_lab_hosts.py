@@ -176,24 +176,14 @@ def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost]) -> Non
         assert re.search(rf"^{host.name} \| SUCCESS => .*pong", ping.stdout, re.M), ping.stdout
 
 
-TOOLKIT_PLAYBOOK = """\
-- name: The NVIDIA toolkit role alone on a re-created lab host (test)
-  hosts: all
-  become: true
-  gather_facts: true
-  roles:
-    - role: nvidia_toolkit
-"""
-
-
 def test_make_lab_recreates_a_host_whose_processes_were_killed(
-    lab_hosts: list[LabHost], lab_ssh: SshRunner, tmp_path: Path
+    lab_hosts: list[LabHost], lab_ssh: SshRunner
 ) -> None:
     """What a stopped session leaves behind (and broke CI once): podman still lists the host as running, but its
     processes are gone, so exec fails and it can be neither started nor restarted. The lab playbook must notice,
-    re-create and provision it: a host whose systemd is `running` (not degraded) with the same simulated GPUs,
-    which the NVIDIA toolkit role turns into a CDI spec naming each of them. Runs last in this file: the host
-    comes back fresh (not converged; the session's converge, later, converges it)."""
+    re-create and provision it: a host whose systemd is `running` (not degraded) with the same simulated GPUs. The
+    host comes back fresh (not converged): the next test checks that the session's converge, which follows, turns its
+    GPUs into a CDI spec naming each of them."""
     host = lab_hosts[-1]
     gpus = expected_gpus(host.name)
     smi_before = lab_ssh(host, "nvidia-smi -L").stdout
@@ -216,11 +206,16 @@ def test_make_lab_recreates_a_host_whose_processes_were_killed(
     # the same simulated GPUs (names and UUIDs), as device nodes and through nvidia-smi
     assert lab_ssh(host, "nvidia-smi -L").stdout == smi_before
     assert json.loads(lab_ssh(host, "cat /etc/lab-nvidia/gpus.json").stdout) == gpus
-    # ... and the toolkit finds them: the CDI spec it generates names every GPU by index and maps its device node
-    playbook = tmp_path / "toolkit.yml"
-    playbook.write_text(TOOLKIT_PLAYBOOK)
-    toolkit = ansible_playbook("-i", str(LAB_INVENTORY), "-l", host.name, str(playbook), timeout=600)
-    assert toolkit.returncode == 0, toolkit.stdout[-3000:] + toolkit.stderr[-2000:]
+    # the healthy hosts are kept as they were (not restarted)
+    assert {name: podman_json("inspect", name)[0]["State"]["StartedAt"] for name in others} == others
+
+
+def test_the_converge_finds_every_gpu_of_the_re_created_host(lab_hosts: list[LabHost], lab_ssh: SshRunner, converged: list[str]) -> None:
+    """The host the previous test re-created (it runs first: conftest.FIRST_MODULES, before the session's one converge)
+    converged like the others: the NVIDIA toolkit role's CDI spec names every simulated GPU by index and maps its
+    device node."""
+    host = lab_hosts[-1]
+    gpus = expected_gpus(host.name)
     listed = lab_ssh(host, "nvidia-ctk cdi list").stdout.split()
     want = [f"nvidia.com/gpu={i}" for i in range(gpus["count"])]
     assert set(want) <= set(listed), listed
@@ -230,5 +225,4 @@ def test_make_lab_recreates_a_host_whose_processes_were_killed(
     for i in range(gpus["count"]):
         nodes = [n["path"] for n in by_name[str(i)]["containerEdits"]["deviceNodes"]]
         assert f"/dev/nvidia{i}" in nodes, (i, nodes)
-    # the healthy hosts are kept as they were (not restarted)
-    assert {name: podman_json("inspect", name)[0]["State"]["StartedAt"] for name in others} == others
+    assert host.name in converged, converged

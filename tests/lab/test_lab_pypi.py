@@ -1,9 +1,9 @@
 """Tests for the LAB STAND-IN PyPI (lab/roles/lab_pypi): wheelhouse + PEP 503 simple index for the lab hosts.
 
 The role runs for real (ansible-playbook, real `pip download` from PyPI into a temporary cache and root, so a
-running `make lab` is not disturbed); a throwaway `python3 -m http.server` on a free loopback port serves it, and
-throwaway containers of both lab host images (`pypitest-*`) install huggingface_hub from it with pip, the way the
-production role d3_weights does with `d3_weights_pip_env` pointing at the lab index.
+running `make lab` is not disturbed); a throwaway `python3 -m http.server` on a free loopback port serves it. The lab
+hosts of both Debian releases install huggingface_hub from the lab's index (this role's output in `make lab`) with
+pip in the session's converge (the production role d3_weights, `d3_weights_pip_env` pointing at the lab index).
 """
 
 from __future__ import annotations
@@ -11,27 +11,36 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 import yaml
-from labkit import ANSIBLE_ENV, ROOT, VENV_BIN, free_port, recap_changed, sha256, wait_for_port
+from labkit import (
+    ANSIBLE_ENV,
+    LAB_GROUP,
+    LAB_INVENTORY,
+    LAB_STATE,
+    ROOT,
+    VENV_BIN,
+    free_port,
+    host_per_suite,
+    on_host,
+    recap_changed,
+    sha256,
+    wait_for_port,
+)
 
 pytestmark = pytest.mark.lab
 
 ROLE = ROOT / "lab" / "roles" / "lab_pypi"
 SCRIPT = ROLE / "files" / "lab_pypi_index.py"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-HOST_IMAGES = {"trixie": "localhost/d3-lab-host-trixie:latest", "bookworm": "localhost/d3-lab-host-bookworm:latest"}
 HOST_PYTHON = {"trixie": "3.13", "bookworm": "3.11"}
 
 PLAYBOOK = """\
@@ -42,22 +51,6 @@ PLAYBOOK = """\
   roles:
     - lab_pypi
 """
-
-# Inside a lab host: python3-venv from the Debian archive (reachable), then pip from the lab index only.
-IN_HOST = r"""
-set -eu
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends python3-venv >/dev/null 2>&1
-python3 -m venv /opt/hf
-PIP_INDEX_URL="$INDEX" PIP_TRUSTED_HOST=lab-apt /opt/hf/bin/pip install --disable-pip-version-check huggingface_hub==2.4.0
-/opt/hf/bin/hf version
-/opt/hf/bin/python -c 'import sys, hf_xet, yaml, huggingface_hub as h; print("PYVER", sys.version.split()[0], h.__version__)'
-if PIP_INDEX_URL="$INDEX" PIP_TRUSTED_HOST=lab-apt /opt/hf/bin/pip download -q -d /tmp/x --no-deps huggingface_hub==2.3.0; then
-  echo "UNEXPECTED: 2.3.0 found"; exit 1
-fi
-"""
-
 
 class Links(HTMLParser):
     def __init__(self) -> None:
@@ -175,32 +168,18 @@ def test_index_script_skips_cached_downloads_repairs_and_prunes(index: Index, tm
     assert run()["changed"] is False
 
 
-def _install_in_host(dist: str, index: Index) -> tuple[str, subprocess.CompletedProcess[str], float]:
-    name = f"pypitest-{dist}-{os.getpid()}"
-    t0 = time.monotonic()
-    try:
-        out = subprocess.run(
-            ["podman", "run", "--rm", "--name", name, "--network", "slirp4netns:allow_host_loopback=true",
-             "--add-host", "lab-apt:10.0.2.2", "-e", f"INDEX=http://lab-apt:{index.port}/pypi/simple/",
-             HOST_IMAGES[dist], "bash", "-c", IN_HOST],
-            capture_output=True, text=True, timeout=300)
-    finally:
-        subprocess.run(["podman", "rm", "-f", "--ignore", name], capture_output=True)
-    return dist, out, time.monotonic() - t0
-
-
-def test_lab_hosts_pip_install_huggingface_hub_from_the_index(index: Index) -> None:
-    assert shutil.which("podman"), "the lab needs podman"
-    missing = [img for img in HOST_IMAGES.values()
-               if subprocess.run(["podman", "image", "exists", img], capture_output=True).returncode != 0]
-    assert not missing, f"lab host images missing (make lab-images): {missing}"
-    with ThreadPoolExecutor(max_workers=2) as pool:  # ~50 s for both in parallel (apt ~20-30 s, pip ~20 s)
-        results = list(pool.map(lambda d: _install_in_host(d, index), HOST_IMAGES))
-    for dist, out, _seconds in results:
-        text = out.stdout + out.stderr
-        assert out.returncode == 0, f"{dist}: {text[-3000:]}"
-        assert f"Looking in indexes: http://lab-apt:{index.port}/pypi/simple/" in text, f"{dist}: {text[-3000:]}"
-        assert "Successfully installed" in text and "huggingface_hub-2.4.0" in text, f"{dist}: {text[-3000:]}"
-        assert re.search(r"version:\s*2\.4\.0", text), f"{dist}: {text[-3000:]}"
-        m = re.search(r"^PYVER (\d+\.\d+)\.\d+ 2\.4\.0$", out.stdout, re.M)
-        assert m and m.group(1) == HOST_PYTHON[dist], f"{dist}: {out.stdout[-2000:]}"
+def test_lab_hosts_pip_installed_huggingface_hub_from_the_lab_index(converged: list[str]) -> None:
+    """The session's converge installed huggingface_hub with pip (d3_weights: --require-hashes, binary wheels only) from
+    the lab's index (this role's output in `make lab`, served by the lab apt server, whose log names every file it
+    served) on a Debian 13 (CPython 3.13) and a Debian 12 (CPython 3.11) host: the wheels of both Pythons work."""
+    group_vars = yaml.safe_load((LAB_INVENTORY / "group_vars" / LAB_GROUP / "lab.yml").read_text())
+    assert group_vars["d3_weights_pip_env"]["PIP_INDEX_URL"] == "http://lab-apt:8081/pypi/simple/"
+    for suite, host in host_per_suite(converged).items():
+        script = "import sys, hf_xet, yaml, huggingface_hub; print('%d.%d' % sys.version_info[:2], huggingface_hub.__version__)"
+        assert on_host(host, f'/opt/d3/hf/bin/python -c "{script}"').split() == [HOST_PYTHON[suite], "2.4.0"], host
+        assert re.search(r"version:\s*2\.4\.0", on_host(host, "/opt/d3/hf/bin/hf version")), host
+    # (no other version: every wheel the lab index serves is hash-pinned, test_supply_chain.py)
+    served = re.findall(r'"GET /pypi/files/([^ ]+) HTTP/1.1" 200', (LAB_STATE / "log" / "lab-apt.log").read_text())
+    assert "huggingface_hub-2.4.0-py3-none-any.whl" in served, served[-20:]
+    for py in ("cp311", "cp313"):  # PyYAML is compiled per CPython version: each host fetched its own
+        assert any(f.startswith("pyyaml-") and f"-{py}-{py}-" in f for f in served), (py, served[-20:])

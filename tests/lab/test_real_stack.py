@@ -244,7 +244,15 @@ def test_stopping_one_instance_leaves_the_others_running(converged: list[str], s
     host = labkit.host_per_suite(converged, fewest=False)[suite]
     before = labkit.d3_containers(host)
     assert len(before) >= 2, f"{host}: the test needs two instances, found {sorted(before)}"
-    victim, *others = sorted(before)
+    # the victim: the smallest model (the shortest cold start to wait for at the end); the others keep serving
+    sizes = {spec["hf_repo"]: spec["download_gb"] for spec in CATALOG.values()}
+
+    def size(name: str) -> float:
+        args = before[name]["Config"]["Cmd"] or before[name]["Args"]
+        return sizes[args[args.index("--model") + 1]]
+
+    victim = min(sorted(before), key=size)
+    others = sorted(set(before) - {victim})
     restarts = {n: on_host(host, f"systemctl show -p NRestarts --value {n}.service").strip() for n in others}
     on_host(host, f"systemctl stop {victim}.service")
     try:

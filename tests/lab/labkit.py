@@ -109,6 +109,31 @@ def image_exists(ref: str) -> bool:
     return podman("image", "exists", ref, timeout=60).returncode == 0
 
 
+def host_image_with_podman(suite: str) -> str:
+    """The lab host image of a Debian release (make lab-images) plus podman from the Debian archive, built once per
+    base image (its tag is the base image's id) and kept: the throwaway hosts of the NVIDIA stand-in tests and the
+    unit-file checks (Quadlet generator, systemd-analyze) start from it instead of installing podman each time. A
+    lab host itself gets podman only from the production podman role."""
+    base = f"localhost/d3-lab-host-{suite}:latest"
+    proc = podman("image", "inspect", "--format", "{{.Id}}", base, timeout=60)
+    assert proc.returncode == 0, f"{base} is missing: run `make lab-images`"
+    image = f"localhost/d3-lab-host-{suite}-podman:{proc.stdout.strip()[:12]}"
+    if image_exists(image):
+        return image
+    builder = f"d3-lab-podman-build-{suite}-{os.getpid()}"
+    try:
+        podman(
+            "run", "--name", builder, "--network", "slirp4netns", base, "sh", "-c",
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman >/dev/null"
+            " && rm -rf /var/lib/apt/lists/*",
+            timeout=900, check=True,
+        )  # fmt: skip
+        podman("commit", "-q", "--change", 'CMD ["/sbin/init"]', builder, image, timeout=300, check=True)
+    finally:
+        podman("rm", "-f", builder, timeout=60)
+    return image
+
+
 def registry_digest(tag: str, repo: str = "vllm/vllm-openai") -> str:
     """The digest the lab registry serves for a tag (what a pull of IMAGE:tag through the mirror resolves to)."""
     out = subprocess.run(

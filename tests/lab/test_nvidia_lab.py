@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -286,10 +287,10 @@ def image_exists(name: str) -> bool:
 
 
 def test_host_image(suite: str) -> str:
-    """The lab host image, or a cached debootstrap stand-in for it (prefix nvlabtest)."""
-    lab = f"localhost/d3-lab-host-{suite}:latest"
-    if image_exists(lab):
-        return lab
+    """The lab host image with podman (labkit.host_image_with_podman, built once and kept), or a cached debootstrap
+    stand-in for it (prefix nvlabtest, podman included)."""
+    if image_exists(f"localhost/d3-lab-host-{suite}:latest"):
+        return labkit.host_image_with_podman(suite)
     image = f"localhost/nvlabtest-host-{suite}:latest"
     if image_exists(image):
         return image
@@ -346,10 +347,20 @@ SOURCES = "/etc/apt/sources.list.d/lab-nvidia.list"
 APT_ONLY_LAB = f"-o Dir::Etc::sourcelist={SOURCES} -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"
 
 
-@pytest.fixture(scope="module", params=["trixie", "bookworm"])
-def host(request: pytest.FixtureRequest, repo: Path) -> Iterator[Host]:
+SUITES = ("trixie", "bookworm")
+
+
+@pytest.fixture(scope="module")
+def host_images() -> dict[str, str]:
+    """Both releases' host images with podman, built side by side when missing (each mostly waits on apt)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(SUITES, pool.map(test_host_image, SUITES), strict=True))
+
+
+@pytest.fixture(scope="module", params=SUITES)
+def host(request: pytest.FixtureRequest, repo: Path, host_images: dict[str, str]) -> Iterator[Host]:
     suite = request.param
-    image = test_host_image(suite)
+    image = host_images[suite]
     name = f"nvlabtest-{suite}-{os.getpid()}"
     podman("run", "-d", "--name", name, "--hostname", name, "--privileged", "--systemd=always",
            "--network", "slirp4netns:allow_host_loopback=true", "--add-host", "lab-apt:10.0.2.2",

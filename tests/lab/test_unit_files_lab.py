@@ -1,6 +1,7 @@
 """Rendered units checked by the real tools: the Quadlet generator of Debian 13's podman 5.4 (dry run and
 generation) and `systemd-analyze verify` for the classic unit and for what Quadlet generates. They run in a container
-made from the lab's Debian 13 host image plus podman (built on first use). The units: plan.yml's (tests/unitfiles.py)."""
+made from the lab's Debian 13 host image plus podman (labkit.host_image_with_podman, built on first use). The units:
+plan.yml's (tests/unitfiles.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import labkit
 import pytest
 from labkit import podman
 from unitfiles import HELPERS, SHA, normalized, plan_units
 
 pytestmark = pytest.mark.lab
-
-BASE = "localhost/d3-lab-host-trixie:latest"
-IMAGE = "localhost/d3-unitcheck-trixie:latest"
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +29,8 @@ def rendered(plan_run: tuple[Path, dict[str, list[str]]]) -> Path:
 
 @pytest.fixture(scope="module")
 def unitcheck_image() -> str:
-    if podman("image", "exists", IMAGE).returncode == 0:
-        return IMAGE
-    assert podman("image", "exists", BASE).returncode == 0, f"{BASE} is missing: run `make lab-images`"
-    podman("rm", "-f", "d3-unitcheck-build")
-    build = podman(
-        "run", "--name", "d3-unitcheck-build", "--network", "slirp4netns", BASE, "sh", "-c",
-        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman"
-        " >/dev/null && rm -rf /var/lib/apt/lists/*",
-        timeout=600,
-    )  # fmt: skip
-    assert build.returncode == 0, build.stderr[-2000:]
-    assert podman("commit", "-q", "d3-unitcheck-build", IMAGE).returncode == 0
-    podman("rm", "-f", "d3-unitcheck-build")
-    return IMAGE
+    """Debian 13's lab host image with podman 5.4 (built once and kept; the NVIDIA stand-in tests share it)."""
+    return labkit.host_image_with_podman("trixie")
 
 
 # what the d3_units role installs beside the units (ExecStartPost= of instances that share a GPU)

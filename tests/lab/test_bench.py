@@ -4,9 +4,11 @@ One bench run on the converged lab (4 min of lab time before issue 24 paid for t
 load passes on d3-mini only): its JSON holds every planned instance of the three hosts, with n and intervals; the
 accuracy recomputed here from the recorded answers and by docs/bench.md's script from the JSONL equals the reported
 one; percentiles are ordered; the closed loop and an open loop beyond capacity (goodput falls, latency grows); the
-plots are written; every figure is labelled simulated (the simulator says so in GET /version). A host carrying the
-rollout marker is refused. Then nightly against nightly: host3 moved to nightly-next (1.5x slower in the lab), benched
-again and compared with tools/bench_compare.py (latency flagged, accuracy not), and moved back.
+plots are written; every figure is labelled simulated (the simulator says so in GET /version). Then nightly against
+nightly: host3 moved to nightly-next (1.5x slower in the lab), benched again and compared with tools/bench_compare.py
+(latency flagged, accuracy not), and moved back; that second bench run also targets host2 carrying the rollout marker,
+which is refused, and the run moving host3 back is also the monitor's second site.yml run (tag metrics): nothing
+changes on the monitor.
 """
 
 from __future__ import annotations
@@ -208,41 +210,53 @@ def test_plots_written(bench: dict[str, Any]) -> None:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_host_mid_rollout_is_refused(converged: list[str]) -> None:
-    host = HOSTS[1]
-    labkit.on_host(host, f"mkdir -p {Path(MARKER).parent} && touch {MARKER}")
-    try:
-        run = labkit.run_playbook("playbooks/bench.yml", limit=host, extravars=SHORT)
-    finally:
-        labkit.on_host(host, f"rm -f {MARKER}")
-    assert run.status == "failed"
-    assert MARKER in run.failure_text(host) and "rollout" in run.failure_text(host)
-    assert "Send the suite and the load from the host to each instance, one instance at a time" not in run.tasks_run(host)
-
-
 # --------------------------------------------------------------------------------------------- nightly against nightly
 ROLLED = HOSTS[2]  # one instance (d3-lite) alone on its GPU: the cheapest restart, no neighbour's memory to race
+MARKED = HOSTS[1]  # carries the rollout marker during the second bench run: refused
 UNITS_ONLY = "--tags units,smoke,state"  # re-render the units and restart what changed (docs/testing.md)
 
 
-def move(host: str, tag: str) -> None:
-    run = labkit.run_playbook("site.yml", limit=host, extravars={"d3_image_name": f"{labkit.IMAGE}:{tag}"}, cmdline=UNITS_ONLY)
+MONITOR = "d3-lab-router1"  # the lab's d3-monitors (lab/roles/lab_hosts/templates/hosts.yml.j2)
+
+
+def move(host: str, tag: str, limit: str | None = None, tags: str = UNITS_ONLY) -> labkit.Run:
+    run = labkit.run_playbook("site.yml", limit=limit or host, extravars={"d3_image_name": f"{labkit.IMAGE}:{tag}"}, cmdline=tags)
     assert run.status == "successful", run.failure_text()
+    return run
+
+
+def move_back_a_second_run_on_the_monitor(host: str) -> None:
+    """``host`` back to nightly in a site.yml run that is also the monitor's second run (issue 25: a second site.yml
+    run changes nothing on the monitor): tag metrics too, so over every l4 host (the monitor reads every plan) and the
+    monitor; nothing changes on the monitor."""
+    run = move(host, "nightly", limit="l4-nodes:d3-monitors", tags=UNITS_ONLY + ",metrics")
+    assert "Wait until Prometheus knows every target" in run.tasks_run(MONITOR), run.tasks_run(MONITOR)
+    assert run.changed_tasks(MONITOR) == []
 
 
 def test_bench_compare_across_a_rollout_flags_latency_not_accuracy(bench: dict[str, Any]) -> None:
     """The README's "after every nightly": the bench run above (nightly), ROLLED moved to nightly-next (the lab's
     simulator answers 1.5x slower there, the same answers) the cheapest way, benched again without load, and
-    tools/bench_compare.py on the two reports; then ROLLED goes back to nightly, as converged (conftest's order)."""
+    tools/bench_compare.py on the two reports; then ROLLED goes back to nightly, as converged (conftest's order).
+    The same bench run also targets MARKED, which carries the rollout marker: refused there before any request, the
+    rolled host benched all the same (this was its own bench.yml run, test_host_mid_rollout_is_refused)."""
     out = bench["dir"] / "next"
     try:
         move(ROLLED, "nightly-next")
-        run = labkit.run_playbook("playbooks/bench.yml", limit=ROLLED, extravars={
-            **SHORT, "d3_bench_concurrency": [], "d3_bench_request_rates": [], "d3_bench_output": str(out / "report.json"),
-            "d3_bench_plot_dir": ""})
-        assert run.status == "successful", run.failure_text()
+        labkit.on_host(MARKED, f"mkdir -p {Path(MARKER).parent} && touch {MARKER}")
+        try:
+            run = labkit.run_playbook("playbooks/bench.yml", limit=f"{ROLLED},{MARKED}", extravars={
+                **SHORT, "d3_bench_concurrency": [], "d3_bench_request_rates": [], "d3_bench_output": str(out / "report.json"),
+                "d3_bench_plot_dir": ""})
+        finally:
+            labkit.on_host(MARKED, f"rm -f {MARKER}")
+        assert run.failed(MARKED) and not run.failed(ROLLED), run.stats
+        assert MARKER in run.failure_text(MARKED) and "rollout" in run.failure_text(MARKED)
+        assert "Send the suite and the load from the host to each instance, one instance at a time" not in run.tasks_run(MARKED)
+        assert "Send the suite and the load from the host to each instance, one instance at a time" in run.tasks_run(ROLLED)
+        assert {i["host"] for i in json.loads((out / "report.json").read_text())["instances"]} == {ROLLED}
     finally:
-        move(ROLLED, "nightly")
+        move_back_a_second_run_on_the_monitor(ROLLED)
     compare = bench["dir"] / "compare.json"
     tool = subprocess.run([sys.executable, str(labkit.ROOT / "tools/bench_compare.py"), str(bench["dir"] / "report.json"),
                            str(out / "report.json"), "--json", str(compare), "--plot", str(out / "bench-compare.png")],

@@ -3,16 +3,21 @@ exporter on every host) after the session's converge: every planned instance and
 labels, promtool passes on the monitor's own files, and a drill - an instance stopped makes D3InstanceDown reach the
 lab's webhook receiver (lab/webhook/receiver.py, a STAND-IN) within for: + two scrape intervals (+ one evaluation
 interval and Alertmanager's group_wait), then resolve once it is back. The lab inventory's monitor values: scrape and
-evaluation every 5 s, D3InstanceDown after 10 s, group_wait 1 s (lab/roles/lab_hosts/templates/hosts.yml.j2)."""
+evaluation every 5 s, D3InstanceDown and D3ModelReplicasMissing after 10 s, group_wait 1 s
+(lab/roles/lab_hosts/templates/hosts.yml.j2). status.yml's monitor lines (filter d3_status_monitor) are checked on the
+live API's answers during the drill. A second site.yml run changes nothing on the monitor: checked on the run that
+moves the benched host back to nightly (tests/lab/test_bench.py, its tags include metrics), not on a run of its own."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +28,26 @@ from routerkit import ROUTER
 pytestmark = pytest.mark.lab
 
 MONITOR = ROUTER  # the lab puts d3-monitors on the router host
-SCRAPE_S, FOR_S, EVAL_S, GROUP_WAIT_S = 5, 10, 5, 1
+SCRAPE_S, FOR_S, EVAL_S, GROUP_WAIT_S, REPLICAS_FOR_S = 5, 10, 5, 1, 10
 RECEIVER_PORT = 19099  # the lab inventory's d3_metrics_webhooks URL: http://10.0.2.2:19099/alerts
 
 
-def prom(path: str) -> Any:
-    """Prometheus' HTTP API on the monitor (it listens on the monitor's loopback only)."""
+def prom_answer(path: str) -> Any:
+    """Prometheus' HTTP API on the monitor (it listens on the monitor's loopback only): the whole answer."""
     text = on_host(MONITOR, f"python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "
                             f"'http://127.0.0.1:9090{path}'")  # fmt: skip
-    return json.loads(text)["data"]
+    return json.loads(text)
+
+
+def prom(path: str) -> Any:
+    return prom_answer(path)["data"]
+
+
+def firing(alertname: str, **labels: str) -> list[dict[str, Any]] | None:
+    """The alerts of that name and labels that Prometheus shows firing now (/api/v1/alerts)."""
+    got = [a for a in prom("/api/v1/alerts")["alerts"] if a["state"] == "firing" and a["labels"].get("alertname") == alertname
+           and all(a["labels"].get(k) == v for k, v in labels.items())]  # fmt: skip
+    return got or None
 
 
 def query(promql: str) -> list[dict[str, Any]]:
@@ -44,7 +60,16 @@ def targets() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def planned(converge_run: Run, host_names: list[str]) -> list[dict[str, Any]]:
-    """The monitor's targets as the converge published them (fact d3_metrics_targets), once all are UP."""
+    """The monitor's targets as the converge published them (fact d3_metrics_targets). Prints what the role d3_metrics
+    cost the converge (its tasks' wall time, every host, from ansible-runner's event times: the suite's cost record)."""
+    spans: dict[str, list[float]] = {}
+    for event in converge_run.events:
+        data = event.get("event_data", {})
+        if data.get("role") == "d3_metrics" and data.get("start") and data.get("end") and data.get("task_uuid"):
+            times = [datetime.fromisoformat(data[k]).timestamp() for k in ("start", "end")]
+            span = spans.setdefault(data["task_uuid"], times)
+            spans[data["task_uuid"]] = [min(span[0], times[0]), max(span[1], times[1])]
+    print(f"\nd3_metrics in the session converge: {sum(e - s for s, e in spans.values()):.1f} s over {len(spans)} tasks")
     for event in converge_run.events:
         data = event.get("event_data", {})
         facts = (data.get("res") or {}).get("ansible_facts") or {}
@@ -116,25 +141,40 @@ def test_an_instance_stopped_fires_instance_down_at_the_webhook_then_resolves(
     victim = next(t["labels"] for t in planned if t["job"] == "d3-vllm")
     host, unit = victim["host"], victim["instance"]
 
-    def alerts(status: str) -> list[dict[str, Any]] | None:
-        got = [a for line in receiver.read_text().splitlines() for a in json.loads(line)["body"]["alerts"]
+    def alerts(status: str, after: float = 0.0, since: str = "") -> list[dict[str, Any]] | None:
+        """The victim's D3InstanceDown notifications of that status the receiver got after ``after`` (wall time), of
+        alerts that started at ``since`` or later (UTC, Alertmanager's startsAt). Alertmanager retries a notification
+        the receiver of an earlier session missed, so an earlier episode's may arrive too: ``since`` leaves them out."""
+        records = [json.loads(line) for line in receiver.read_text().splitlines()]
+        got = [a for r in records if r["received"] >= after for a in r["body"]["alerts"]
                if a["labels"].get("alertname") == "D3InstanceDown" and a["labels"].get("instance") == unit
-               and a["labels"].get("host") == host and a["status"] == status]  # fmt: skip
+               and a["labels"].get("host") == host and a["status"] == status and a["startsAt"][:19] >= since]  # fmt: skip
         return got or None
 
-    stopped = time.monotonic()
+    stopped, since = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 1))
     on_host(host, f"systemctl stop {unit}.service")
     try:
-        fired = wait_until("D3InstanceDown at the webhook", lambda: alerts("firing"), timeout=60, poll=0.5)
+        fired = wait_until("D3InstanceDown at the webhook", lambda: alerts("firing", since=since), timeout=60, poll=0.5)
         took = time.monotonic() - stopped
         assert fired[0]["annotations"]["runbook_url"].endswith("#d3instancedown")
         assert took <= FOR_S + 2 * SCRAPE_S + EVAL_S + GROUP_WAIT_S, f"{took:.1f} s"
         print(f"D3InstanceDown reached the webhook {took:.1f} s after the stop")
+        # what status.yml prints from the same API (role d3_metrics status.yml -> filter d3_status_monitor)
+        from d3_status import status_monitor  # tests/conftest.py puts the collection's filters on sys.path
+
+        lines = status_monitor(prom_answer("/api/v1/targets?state=active"), prom_answer("/api/v1/alerts"), MONITOR)
+        assert any(f"FIRING D3InstanceDown (critical) host {host} instance {unit} " in line for line in lines), lines
+        row = next(line for line in lines if line.startswith(f"{host}  ") and f"  {unit}  " in line)
+        assert "  down  " in row and row.rstrip().endswith(("refused", "by peer")), row  # the scrape's error, as Prometheus says it
     finally:
-        on_host(host, f"systemctl start {unit}.service")
-    started = time.monotonic()
-    wait_until("D3InstanceDown resolved at the webhook", lambda: alerts("resolved"), timeout=120, poll=0.5)
-    print(f"resolved {time.monotonic() - started:.1f} s after the start")
+        started, started_at = time.monotonic(), time.time()
+        on_host(host, f"systemctl start {unit}.service")  # returns once the unit is started (the instance may be up)
+    # resolved only after the start: a notification before it would be a resolve while the instance was still down
+    episode = fired[0]["startsAt"]
+    resolved = wait_until("D3InstanceDown resolved at the webhook", lambda: alerts("resolved", since=since), timeout=120, poll=0.5)
+    assert [a["startsAt"] for a in resolved] == [episode] * len(resolved), resolved
+    assert alerts("resolved", since=since) == alerts("resolved", after=started_at, since=since)
+    print(f"resolved {time.monotonic() - started:.1f} s after the start command")
     wait_until("the instance UP again", lambda: query(f'up{{job="d3-vllm",host="{host}",instance="{unit}"}} == 1'), timeout=30, poll=1)
 
 
@@ -148,13 +188,51 @@ def test_a_load_through_the_router_moves_running_and_waiting(planned: list[dict[
     models = {m["served_name"]: m for m in router_models(converge_run)}
     served, model = next(iter(sorted(models.items())))
     url = machine_url(model["port"])
+    assert not query(f'max_over_time(vllm:num_requests_running{{served_name="{served}"}}[{2 * SCRAPE_S}s]) > 0')
     start = time.time()
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        answers = list(pool.map(lambda _: ask(url, served), range(64)))
-    assert all(a["model"] == served for a in answers)
-    window = f"{max(10, int(time.time() - start) + 2 * SCRAPE_S)}s"
+    stop = threading.Event()
+    answers: list[dict[str, Any]] = []
+
+    def client() -> None:  # decisions back to back until the monitor has seen the load (a scrape must fall in it)
+        while not stop.is_set():
+            answers.append(ask(url, served))
 
     def moved() -> list[dict[str, Any]] | None:
+        window = f"{int(time.time() - start) + 1}s"
         return query(f'max_over_time(vllm:num_requests_running{{served_name="{served}"}}[{window}]) > 0') or None
 
-    wait_until("vllm:num_requests_running above 0 during the load", moved, timeout=3 * SCRAPE_S, poll=1)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        clients = [pool.submit(client) for _ in range(16)]
+        try:
+            seen = wait_until("vllm:num_requests_running above 0 during the load", moved, timeout=3 * SCRAPE_S, poll=1)
+        finally:
+            stop.set()
+        for c in clients:
+            c.result()
+    assert answers and all(a["model"] == served for a in answers)
+    waiting = query(f'max_over_time(vllm:num_requests_waiting{{served_name="{served}"}}[{int(time.time() - start) + 1}s])')
+    print(f"{len(answers)} decisions; running up to {seen[0]['value'][1]}, waiting up to {[w['value'][1] for w in waiting]}")
+
+
+def test_a_router_server_drained_past_its_window_fires_the_replica_alert(planned: list[dict[str, Any]]) -> None:
+    """A model's server drained on the router (an operator's `set server ... state drain`) for longer than
+    d3_metrics_replicas_for: its UP servers fall below the plan's replicas and D3ModelReplicasMissing fires."""
+    from routerkit import MODEL, REPLICAS, server_states, set_state
+
+    backend = f"be_{MODEL}"
+    victim = next(t["labels"] for t in planned if t["job"] == "d3-vllm" and t["labels"]["served_name"] == MODEL
+                  and t["labels"]["host"] == REPLICAS[0])  # fmt: skip
+    server = next(s for s in server_states(backend) if s.startswith(f"{victim['host']}-"))
+    assert firing("D3ModelReplicasMissing", model=MODEL) is None
+    drained = time.monotonic()
+    set_state(backend, server, "drain")
+    try:
+        wait_until("D3ModelReplicasMissing firing", lambda: firing("D3ModelReplicasMissing", model=MODEL),
+                   timeout=REPLICAS_FOR_S + 3 * SCRAPE_S + 2 * EVAL_S, poll=1)  # fmt: skip
+        took = time.monotonic() - drained
+        assert took >= REPLICAS_FOR_S, f"fired {took:.1f} s after the drain, before its for: of {REPLICAS_FOR_S} s"
+        print(f"D3ModelReplicasMissing fired {took:.1f} s after the drain")
+    finally:
+        set_state(backend, server, "ready")
+    assert server_states(backend)[server] == "UP"  # given back (the alert stops on the next evaluations: not waited for)
+

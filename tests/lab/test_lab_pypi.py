@@ -28,6 +28,7 @@ from labkit import (
     LAB_STATE,
     ROOT,
     VENV_BIN,
+    Run,
     free_port,
     host_per_suite,
     on_host,
@@ -168,12 +169,20 @@ def test_index_script_skips_cached_downloads_repairs_and_prunes(index: Index, tm
     assert run()["changed"] is False
 
 
-def test_lab_hosts_pip_installed_huggingface_hub_from_the_lab_index(converged: list[str]) -> None:
+def test_lab_hosts_pip_installed_huggingface_hub_from_the_lab_index(converged: list[str], converge_run: Run) -> None:
     """The session's converge installed huggingface_hub with pip (d3_weights: --require-hashes, binary wheels only) from
     the lab's index (this role's output in `make lab`, served by the lab apt server, whose log names every file it
     served) on a Debian 13 (CPython 3.13) and a Debian 12 (CPython 3.11) host: the wheels of both Pythons work."""
     group_vars = yaml.safe_load((LAB_INVENTORY / "group_vars" / LAB_GROUP / "lab.yml").read_text())
-    assert group_vars["d3_weights_pip_env"]["PIP_INDEX_URL"] == "http://lab-apt:8081/pypi/simple/"
+    index = group_vars["d3_weights_pip_env"]["PIP_INDEX_URL"]
+    assert index == "http://lab-apt:8081/pypi/simple/"
+    # this session's installs (pip's own output), not only the inventory's setting: every host whose venv the converge
+    # installed (all on a fresh lab; at least the host test_lab_hosts.py re-creates before it) looked in the lab index
+    task = "Install huggingface_hub into its virtualenv (pip --require-hashes)"
+    installed = {d["host"]: d["res"] for d in converge_run.results() if d["task"] == task}
+    assert installed, "no host installed huggingface_hub in this session's converge (a fresh lab, or with test_lab_hosts.py)"
+    for host, res in installed.items():
+        assert f"Looking in indexes: {index}" in res.get("stdout", ""), (host, res.get("stdout"))
     for suite, host in host_per_suite(converged).items():
         script = "import sys, hf_xet, yaml, huggingface_hub; print('%d.%d' % sys.version_info[:2], huggingface_hub.__version__)"
         assert on_host(host, f'/opt/d3/hf/bin/python -c "{script}"').split() == [HOST_PYTHON[suite], "2.4.0"], host

@@ -118,15 +118,17 @@ def test_one_pair_of_hosts_through_real_stack_contracts_and_back(converged: list
     serving = {host: sorted(labkit.d3_containers(host)) for host in hosts.values()}
     assert "d3-27b" not in serving[trixie], serving
 
-    # refused before any change: two shares of 0.5 on one GPU (over d3_gpu_share_cap), then a driver at R570
-    over = converge(trixie, d3_models=[_lite("lite-a", "0.5"), _lite("lite-b", "0.5")])
-    assert over.status == "failed"
-    assert f"host {trixie}: d3_models[1] (lite-b): VRAM over budget on GPU 0" in over.failure_text(trixie)
-    assert "d3_gpu_share_cap" in over.failure_text(trixie)
-    assert unit_state(trixie) == before
-    addresses = {host: on_host(host, LISTENERS).strip().splitlines()[-1] for host in hosts.values()}
-    on_host(trixie, f"{setup} --driver-version 570.195.03")
+    # every step below is inside the try: whatever fails (even the over-cap run succeeding, the regression it guards
+    # against), the finally gives the pair back its driver, its inventory's models and no listener
     try:
+        # refused before any change: two shares of 0.5 on one GPU (over d3_gpu_share_cap), then a driver at R570
+        over = converge(trixie, d3_models=[_lite("lite-a", "0.5"), _lite("lite-b", "0.5")])
+        assert over.status == "failed"
+        assert f"host {trixie}: d3_models[1] (lite-b): VRAM over budget on GPU 0" in over.failure_text(trixie)
+        assert "d3_gpu_share_cap" in over.failure_text(trixie)
+        assert unit_state(trixie) == before
+        addresses = {host: on_host(host, LISTENERS).strip().splitlines()[-1] for host in hosts.values()}
+        on_host(trixie, f"{setup} --driver-version 570.195.03")
         refused = converge(trixie)
         assert refused.status == "failed"
         text = refused.failure_text(trixie)
@@ -220,10 +222,12 @@ def test_one_pair_of_hosts_through_real_stack_contracts_and_back(converged: list
             on_host(host, "nft delete table inet d3_fleet && systemctl restart d3-firewall.service")
             assert "d3_fleet" in on_host(host, "nft list tables")
     finally:
-        on_host(trixie, f"{setup} --driver-version default")
-        restored = converge(limit)  # the inventory's models, no key, no compat, the firewall off (its default)
-        for host in hosts.values():
-            on_host(host, STOP_LISTENERS, check=False)
+        on_host(trixie, f"{setup} --driver-version default", check=False)  # checked below: no compat environment left
+        try:
+            restored = converge(limit)  # the inventory's models, no key, no compat, the firewall off (its default)
+        finally:
+            for host in hosts.values():
+                on_host(host, STOP_LISTENERS, check=False)
     assert restored.status == "successful", restored.failure_text()
     for host, addr in addresses.items():
         assert sorted(labkit.d3_containers(host)) == serving[host], host

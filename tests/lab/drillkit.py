@@ -54,8 +54,16 @@ def ports(host: str) -> dict[str, int]:
     return {name: int(inst["port"]) for name, inst in record["instances"].items()}
 
 
+def served_names(host: str) -> dict[str, str]:
+    """Instance name -> the model name it serves, where the host's d3_models name one (`served_name`: the
+    `spread: false` replicas of a model share it, e.g. d3-lab-host2's d3-lite-2 serves d3-lite); else the name."""
+    models = labkit.host_vars(host).get("d3_models", [])
+    return {m["name"]: m["served_name"] for m in models if "name" in m and "served_name" in m}
+
+
 def all_answer(host: str) -> bool:
-    return all(decision(host, port, name) for name, port in ports(host).items())
+    served = served_names(host)
+    return all(decision(host, port, served.get(name, name)) for name, port in ports(host).items())
 
 
 def assert_intact(host: str, before: dict[str, Any]) -> None:

@@ -358,6 +358,16 @@ class Run:
     def changed(self, host: str) -> int:
         return int(self.stats.get("changed", {}).get(host, 0))
 
+    def published_fact(self, host: str, name: str, role: str, group: str) -> Any:
+        """The fact `name` a role set on `host` in this run (e.g. d3_router_models, d3_metrics_targets); fails naming
+        the role and the lab inventory group the host should be in when the run did not set it."""
+        for event in self.events:
+            data = event.get("event_data", {})
+            facts = (data.get("res") or {}).get("ansible_facts") or {}
+            if event.get("event") == "runner_on_ok" and data.get("host") == host and name in facts:
+                return facts[name]
+        raise AssertionError(f"the converge did not run {role} on {host} (is it in the lab inventory's {group}?)")
+
     def failed(self, host: str) -> int:
         return int(self.stats.get("failures", {}).get(host, 0))
 

@@ -50,12 +50,7 @@ __all__ = ["ENDPOINT_PORT", "MODEL", "PAIR_HOST", "RATE", "REPLICAS", "ROUTER", 
 
 def router_models(run: Run) -> list[dict[str, Any]]:
     """The router's models (fact d3_router_models) as the converge published them."""
-    for event in run.events:
-        data = event.get("event_data", {})
-        facts = (data.get("res") or {}).get("ansible_facts") or {}
-        if event.get("event") == "runner_on_ok" and data.get("host") == ROUTER and "d3_router_models" in facts:
-            return facts["d3_router_models"]
-    raise AssertionError(f"the converge did not run the d3_router role on {ROUTER} (is it in the lab inventory's d3-routers?)")
+    return run.published_fact(ROUTER, "d3_router_models", "the d3_router role", "d3-routers")
 
 
 def routed(converge_run: Run, host_names: list[str]) -> dict[str, Any]:

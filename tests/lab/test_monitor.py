@@ -70,12 +70,7 @@ def planned(converge_run: Run, host_names: list[str]) -> list[dict[str, Any]]:
             span = spans.setdefault(data["task_uuid"], times)
             spans[data["task_uuid"]] = [min(span[0], times[0]), max(span[1], times[1])]
     print(f"\nd3_metrics in the session converge: {sum(e - s for s, e in spans.values()):.1f} s over {len(spans)} tasks")
-    for event in converge_run.events:
-        data = event.get("event_data", {})
-        facts = (data.get("res") or {}).get("ansible_facts") or {}
-        if event.get("event") == "runner_on_ok" and data.get("host") == MONITOR and "d3_metrics_targets" in facts:
-            return facts["d3_metrics_targets"]
-    raise AssertionError(f"the converge did not run d3_metrics on {MONITOR} (is it in the lab inventory's d3-monitors?)")
+    return converge_run.published_fact(MONITOR, "d3_metrics_targets", "d3_metrics", "d3-monitors")
 
 
 @pytest.fixture

@@ -163,7 +163,12 @@ def test_a_planner_refusal_reads_as_the_fleet_item_s(place: Any) -> None:
     assert result["errors"] == [
         "d3_fleet_models[0] (d3-mini): dropping --enforce-eager makes vLLM capture CUDA graphs, which OOMs on a 24 GB L4 "
         "(fixed 18.4 GB vision-encoder profiling allocation). Fix: remove --no-enforce-eager, or set d3_allow_cuda_graphs: "
-        "true to acknowledge the risk"
+        "true to acknowledge the risk",
+        "d3_fleet_models[0] (d3-mini): d3-mini at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: "
+        "CUDA out of memory'): weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 + encoder probe "
+        "18842 (CUDA graph capture without --enforce-eager) = 25745 MiB per GPU, more than the GPU holds beside the CUDA "
+        "context. Fix: pick a smaller model or variant for d3_fleet_models[0]; or keep --enforce-eager (remove "
+        "--no-enforce-eager)",
     ]
     # only the planner's "d3_models[0] (name): " is cut: the rest of the message, even a "): " in a value, stays
     result = place([{"model": "d3-mini", "replicas": 1, "extra_args": ["oops): here"]}], {"a": {"gpus": 1}})
@@ -176,8 +181,12 @@ def test_a_planner_refusal_reads_as_the_fleet_item_s(place: Any) -> None:
 
 def test_the_fit_check_uses_the_planner_options_that_decide_fit(place: Any) -> None:
     item = {"model": "d3-mini", "replicas": 1, "extra_args": ["--no-enforce-eager"]}
+    # d3_allow_cuda_graphs reaches the check (no acknowledgement refusal); the CUDA-graph memory still does not fit an L4
     result = place([item], {"a": {"gpus": 1}}, {"allow_cuda_graphs": True, "port_base": 9000, "listen_address": "0.0.0.0"})
-    assert result["errors"] == [] and where_is(result) == {"d3-mini": "a"}
+    assert [e.split(": ", 1)[1][:40] for e in result["errors"]] == ["d3-mini at TP 1 runs out of memory in vL"]
+    # d3_vram_overhead_mib reaches it too: a margin larger than the share refuses what fits by default
+    assert place(OK, {"a": {"gpus": 1}})["errors"] == []
+    assert "non-torch 20000" in place(OK, {"a": {"gpus": 1}}, {"vram_overhead_mib": 20000})["errors"][0]
     # host matters (port_base, listen_address) are left to the per-host planner: an odd value does not refuse here
     assert place(OK, {"a": {"gpus": 1}}, {"listen_address": "not an address"})["errors"] == []
 

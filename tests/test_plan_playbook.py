@@ -119,7 +119,7 @@ def test_a_host_with_three_mistakes_is_refused_with_all_three_and_its_plan_so_fa
     assert "host l4-three: d3_models[4] (d3-lite): port 8100 collides with instance d3-edge" in out
     # the refused host's plan so far, in MiB and with the predicted KV cache
     assert "plan so far (nothing is changed until every problem is fixed):" in out
-    assert "d3-flash: d3-flash on GPU 0, port 8000, needs 12993 MiB/GPU of its 20730 MiB share" in out
+    assert "d3-flash: d3-flash on GPU 0, port 8000, needs 10305 MiB/GPU of its 20304 MiB share" in out
     assert "GPU 0: 20730/23034 MiB in shares (d3-flash 20730 MiB)" in out
     # the other host's own problem in the same run, with the flag's place
     assert "host l4-other: d3_models[0] (d3-mini): d3-mini at TP 1 is refused by vLLM at startup" in out

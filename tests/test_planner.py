@@ -94,10 +94,12 @@ def test_27b_renders_the_seed_recipe(catalog_vars: dict[str, Any]) -> None:
     assert inst["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert inst["shm_size"].lower() == "10g"
     assert inst["cdi_devices"] == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
-    # VRAM per GPU (docs/capacity.md): 13.0 GiB of weights + the profile run's peak at 32768 tokens (a pooling model's
-    # max_num_batched_tokens) + the non-torch margin + one 8192-token sequence (11 blocks of 784 tokens + 3 GDN states)
-    assert inst["vram_need_mib_per_gpu"] == 13314 + 3024 + 512 + 343
-    assert inst["kv_cache"]["gpu_kv_cache_tokens"] == 39984 and inst["kv_cache"]["max_concurrency"] == 14.64
+    # VRAM per GPU (docs/capacity.md): 13.0 GiB of weights + the profile run's peak at 8192 tokens (max_num_batched_tokens
+    # = --max-model-len without chunked prefill) + the non-torch margin + one 8192-token sequence (11 blocks of 784
+    # tokens + 3 GDN states), on an L4's 22.03 GiB as vLLM sees it
+    assert inst["vram_need_mib_per_gpu"] == 13314 + 756 + 512 + 343
+    assert inst["kv_cache"]["gpu_kv_cache_tokens"] == 54096 and inst["kv_cache"]["max_concurrency"] == 19.93
+    assert inst["vram_arithmetic_mib_per_gpu"]["requested_mib"] == int(22560 * 0.95)
     assert [g["budget_mib"] for g in result["gpus"]] == [21882, 21882]
     line = podman_run(inst, "docker.io/vllm/vllm-openai@sha256:x")
     assert "--device nvidia.com/gpu=0 --device nvidia.com/gpu=1" in line
@@ -188,7 +190,7 @@ def test_refuses_model_that_does_not_fit_l4(catalog_vars: dict[str, Any]) -> Non
     refused(
         plan(catalog_vars, [{"model": "d3", "extra_args": ["--tensor-parallel-size=1"]}]),
         "d3 at TP 1 runs out of memory in vLLM's profile run",
-        "weights 26627 + profile-run peak 4928 (32768 tokens x 157696 B) + non-torch 512 = 32067 MiB per GPU",
+        "weights 26627 + profile-run peak 1232 (8192 tokens x 157696 B) + non-torch 512 = 28371 MiB per GPU",
         "Fix: in d3_models[0].extra_args set --tensor-parallel-size=2",
     )
 
@@ -197,8 +199,8 @@ def test_refuses_utilization_too_low_for_weights(catalog_vars: dict[str, Any]) -
     refused(
         plan(catalog_vars, [{"model": "d3-flash", "extra_args": ["--gpu-memory-utilization=0.3"]}]),
         "'No available memory for the cache blocks.",
-        "= 12679 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 6910 MiB",
-        "Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.57",
+        "= 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 6768 MiB",
+        "Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.46",
     )
 
 
@@ -206,8 +208,9 @@ def test_refuses_fewer_batched_tokens_than_the_context_without_chunked_prefill(c
     # the field report: "--max-num-batched-tokens 512 -> rejected: must be >= max_model_len"
     refused(
         plan(catalog_vars, [{"model": "d3-mini", "extra_args": ["--max-num-batched-tokens=512"]}]),
-        "is refused by vLLM at startup: 'max_num_batched_tokens (512) is smaller than max_model_len (32768)'",
-        "Fix: in d3_models[0].extra_args remove --max-num-batched-tokens (vLLM then takes max(--max-model-len, 32768)), "
+        "is refused by vLLM at startup: 'max_num_batched_tokens (512) is smaller than max_model_len (32768). This "
+        "effectively limits the maximum sequence length to max_num_batched_tokens",
+        "Fix: in d3_models[0].extra_args remove --max-num-batched-tokens (vLLM then takes --max-model-len), "
         "or set --max-model-len=512",
     )
 
@@ -240,8 +243,12 @@ def test_refuses_fp8_kv_cache(catalog_vars: dict[str, Any], dtype: str) -> None:
 def test_refuses_dropping_enforce_eager_without_ack(catalog_vars: dict[str, Any]) -> None:
     item = {"model": "d3-mini", "extra_args": ["--no-enforce-eager"]}
     refused(plan(catalog_vars, [item]), "OOMs on a 24 GB L4", "d3_allow_cuda_graphs: true")
-    (inst,) = ok(plan(catalog_vars, [item], allow_cuda_graphs=True))
+    # acknowledged, the CUDA-graph term (the field report's 18.4 GiB capture allocation) is counted: no D3 fits an L4
+    refused(plan(catalog_vars, [item], allow_cuda_graphs=True), "+ encoder probe 18842 (CUDA graph capture without --enforce-eager)")
+    big = [{"index": 0, "name": "NVIDIA H100", "memory_total_mib": 81559}]
+    (inst,) = ok(plan(catalog_vars, [item], allow_cuda_graphs=True, allow_non_l4=True, gpu_list=big))
     assert "--enforce-eager" not in inst["args"]
+    assert inst["vram_arithmetic_mib_per_gpu"]["encoder_probe_mib"] == 18842
 
 
 def test_refuses_max_model_len_above_position_embeddings(catalog_vars: dict[str, Any]) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from d3_planner import GIB, MIB, kv_cache_figures
+from d3_planner import CUDA_CONTEXT_MIB, GIB, MIB, default_batched_tokens, kv_cache_figures, parse_bytes
 
-L4 = 23034
+# an L4's total as vLLM sees it (torch.cuda.mem_get_info: "total capacity of 22.03 GiB"; d3_catalog_common.gpu_models)
+L4 = 22560
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,7 @@ def flags(max_len: int = 8192, util: float = 0.95, **more: Any) -> dict[str, Any
 
 
 def test_the_field_reports_recipe_27b_tp2_8192_at_095(arch: dict[str, Any]) -> None:
+    """docs/capacity.md's hand computation, step by step."""
     f = kv_cache_figures(arch["d3"], flags(**{"--quantization": "fp8"}), L4, 2, weights_mib=2 * 13312)
     # attention: 2 (K, V) x 4/2 KV heads x 256 x 2 bytes = 2048 B per token; GDN: conv (4-1) x (2x16x128 + 48x128)/2
     # x 2 bytes = 30720 B + temporal 48/2 x 128 x 128 x 4 bytes (float32) = 1572864 B
@@ -32,23 +34,81 @@ def test_the_field_reports_recipe_27b_tp2_8192_at_095(arch: dict[str, Any]) -> N
     assert (f["block_size"], f["page_size_bytes"]) == (784, 784 * 2048)
     # 16 full-attention and 48 GDN layers: groups of 16, one attention group and three GDN groups
     assert (f["group_size"], f["kv_groups"]) == (16, 4)
-    # a pooling, multimodal model without chunked prefill profiles max(8192, 32768) tokens
-    assert f["max_num_batched_tokens"] == 32768
+    # without chunked prefill `vllm serve` sets max_num_batched_tokens = max(max_model_len, 2048) = 8192
+    assert f["max_num_batched_tokens"] == 8192
     # per token per GPU: residual 2 x 5120 x 2 + MLP (gate_up 2 x 8704 x 2 + act 8704 x 2 + FP8 copies 8704 + 5120 + down 5120 x 2)
     assert f["activation_bytes_per_token"] == 20480 + 34816 + 17408 + 8704 + 5120 + 10240 == 96768
-    assert f["activation_peak_mib"] == 32768 * 96768 // MIB == 3024
+    assert f["activation_peak_mib"] == 8192 * 96768 // MIB == 756
     assert (f["weights_mib"], f["non_torch_mib"], f["encoder_probe_mib"]) == (13312, 512, 0)
-    assert f["non_kv_mib"] == 13312 + 3024 + 512
-    assert f["requested_mib"] == int(L4 * MIB * 0.95) // MIB == 21882
-    available = int(L4 * MIB * 0.95) - (13312 + 3024 + 512) * MIB
-    assert f["num_gpu_blocks"] == available // (784 * 2048) // 16 == 205
-    assert f["kv_pool_mib"] == 205 * 784 * 2048 * 16 // MIB == 5022
+    assert f["non_kv_mib"] == 13312 + 756 + 512
+    assert f["requested_mib"] == int(L4 * MIB * 0.95) // MIB == 21432
+    available = int(L4 * MIB * 0.95) - (13312 + 756 + 512) * MIB
+    assert f["num_gpu_blocks"] == available // (784 * 2048) // 16 == 279
+    assert f["kv_pool_mib"] == 279 * 784 * 2048 * 16 // MIB == 6835
     # vLLM's log lines: tokens = blocks // groups x block size; concurrency = blocks / (cdiv(8192, 784) + 3 GDN blocks)
-    assert f["gpu_kv_cache_tokens"] == 205 // 4 * 784 == 39984
-    assert f["max_concurrency"] == 205 / 14
+    assert f["gpu_kv_cache_tokens"] == 279 // 4 * 784 == 54096
+    assert f["max_concurrency"] == 279 / 14 and round(279 / 14, 2) == 19.93
     assert f["sequence_mib"] == -(-16 * 784 * 2048 * 14 // MIB) == 343
     assert f["estimated_max_model_len"] == 8192
     assert f["refusal"] is None
+
+
+def test_the_field_reports_measured_memory_within_the_stated_tolerance(arch: dict[str, Any]) -> None:
+    """The field report: "VRAM: ~20.8 GB / 23.0 GB per GPU" (nvidia-smi's MiB read as GB: ~20,800 MiB in use). After
+    startup a GPU holds weights + non-torch + the KV pool (the profile run's activations are freed) + the CUDA context
+    and NCCL outside the share (CUDA_CONTEXT_MIB, 512: no source). Tolerance 5 % (1,040 MiB): the context, NCCL and
+    non-torch sizes have no source, and "~20.8" is rounded to 0.1 GB."""
+    f = kv_cache_figures(arch["d3"], flags(**{"--quantization": "fp8"}), L4, 2, weights_mib=2 * 13312)
+    in_use = f["weights_mib"] + f["non_torch_mib"] + f["kv_pool_mib"] + CUDA_CONTEXT_MIB
+    assert in_use == 13312 + 512 + 6835 + 512 == 21171
+    assert abs(in_use - 20800) <= 0.05 * 20800  # +371 MiB, 1.8 %
+
+
+def test_kv_tokens_at_8192_exceed_those_at_16384(arch: dict[str, Any]) -> None:
+    """The profile batch grows with --max-model-len (no chunked prefill), so the pool shrinks."""
+    at = {n: kv_cache_figures(arch["d3"], flags(n, **{"--quantization": "fp8"}), L4, 2, weights_mib=2 * 13312) for n in (8192, 16384)}
+    assert at[8192]["gpu_kv_cache_tokens"] == 54096 > at[16384]["gpu_kv_cache_tokens"] == 48608
+    assert at[16384]["activation_peak_mib"] == 2 * 756
+
+
+def test_the_27b_at_62000_tokens_is_refused_on_22_03_gib(arch: dict[str, Any]) -> None:
+    f = kv_cache_figures(arch["d3"], flags(62000, **{"--quantization": "fp8"}), L4, 2, weights_mib=2 * 13312)
+    assert f["refusal"]["kind"] == "max_seq_len"
+    assert f["refusal"]["message"].startswith("To serve at least one request with the models's max seq len (62000), (1.99 GiB KV cache")
+    # on nvidia-smi's 23,034 MiB it would have been planned (the total vLLM does not see)
+    assert kv_cache_figures(arch["d3"], flags(62000, **{"--quantization": "fp8"}), 23034, 2, weights_mib=2 * 13312)["refusal"] is None
+
+
+def test_kv_cache_memory_bytes_skips_the_profile_share(arch: dict[str, Any]) -> None:
+    """determine_available_memory returns --kv-cache-memory-bytes as given; --gpu-memory-utilization no longer sizes it."""
+    given = 4 * GIB
+    f = kv_cache_figures(arch["d3"], flags(util=0.5, **{"--kv-cache-memory-bytes": given}), L4, 2, weights_mib=2 * 13312)
+    assert f["refusal"] is None and f["num_gpu_blocks"] == given // (784 * 2048) // 16 == 167
+    assert f["kv_cache_memory_bytes"] == given and f["kv_pool_mib"] == 167 * 784 * 2048 * 16 // MIB
+    # the weights, the profile run and the given KV cache must fit the GPU beside the CUDA context
+    over = kv_cache_figures(arch["d3"], flags(**{"--kv-cache-memory-bytes": 9 * GIB}), L4, 2, weights_mib=2 * 13312)
+    assert over["refusal"]["kind"] == "profile_oom"
+    small = kv_cache_figures(arch["d3"], flags(**{"--kv-cache-memory-bytes": 100 * MIB}), L4, 2, weights_mib=2 * 13312)
+    assert small["refusal"]["kind"] == "max_seq_len"
+
+
+def test_the_default_batch_on_a_large_gpu_and_with_chunked_prefill() -> None:
+    """get_batch_defaults: 2048 below 70 GiB, 8192 from 70 GiB; chunked prefill keeps the default, capped at 256 x len."""
+    assert default_batched_tokens(8192, False, 22560) == 8192
+    assert default_batched_tokens(1024, False, 22560) == 2048
+    assert default_batched_tokens(1024, False, 70 * 1024) == 8192
+    assert default_batched_tokens(1024, False, 70 * 1024 - 1) == 2048
+    assert default_batched_tokens(65536, True, 22560) == 2048
+    assert default_batched_tokens(4, True, 22560) == 1024  # 256 sequences x 4 tokens
+    assert default_batched_tokens(4, False, 22560) == 1024
+
+
+def test_kv_cache_memory_bytes_parses_like_vllms_human_readable_int() -> None:
+    assert [parse_bytes(v) for v in ("123", " 4G", "1k", "2.5g", "3M", "1T", "1t")] == [
+        123, 4 * GIB, 1000, 2_500_000_000, 3 * MIB, 1024**4, 10**12]
+    for bad in ("1.5G", "lots", "4GB"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
 
 
 def test_qwen35_4b_gets_vllms_logged_528_token_block(arch: dict[str, Any]) -> None:
@@ -82,13 +142,15 @@ def test_layer_counts_close_together_group_by_the_larger() -> None:
 
 def test_batched_tokens_chunked_prefill_and_the_encoder_probe(arch: dict[str, Any]) -> None:
     base = kv_cache_figures(arch["d3-edge"], flags(65536, 0.25), L4, 1, weights_mib=572)
-    assert base["max_num_batched_tokens"] == 65536  # max_model_len above the pooling default
+    assert base["max_num_batched_tokens"] == 65536  # max_model_len without chunked prefill
     chunked = kv_cache_figures(arch["d3-edge"], flags(65536, 0.25, **{"--enable-chunked-prefill": True}), L4, 1, weights_mib=572)
-    assert chunked["max_num_batched_tokens"] == 32768 and chunked["refusal"] is None
+    assert chunked["max_num_batched_tokens"] == 2048 and chunked["refusal"] is None
     given = kv_cache_figures(arch["d3-edge"], flags(8192, 0.25, **{"--max-num-batched-tokens": 8192}), L4, 1, weights_mib=572)
     assert given["max_num_batched_tokens"] == 8192 and given["activation_peak_mib"] == -(-8192 * 38912 // MIB)  # bf16 activations: 39936 - 1024
     short = kv_cache_figures(arch["d3-edge"], flags(8192, 0.25, **{"--max-num-batched-tokens": 8191}), L4, 1)
-    assert short["refusal"] == {"kind": "batched_tokens", "message": "max_num_batched_tokens (8191) is smaller than max_model_len (8192)"}
+    assert short["refusal"] == {"kind": "batched_tokens", "message": "max_num_batched_tokens (8191) is smaller than max_model_len (8192). "
+                                "This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject "
+                                "longer sequences. Please increase max_num_batched_tokens or decrease max_model_len."}  # fmt: skip
     assert kv_cache_figures(arch["d3-edge"], flags(8192, 0.25, **{"--max-num-batched-tokens": 100, "--enable-chunked-prefill": True}),
                             L4, 1)["refusal"] is None  # fmt: skip
     graphs = kv_cache_figures(arch["d3-edge"], flags(8192, 0.95, **{"--enforce-eager": False}), L4, 1, weights_mib=572)
@@ -133,7 +195,7 @@ def test_tensor_parallel_splits_heads_but_keeps_one_kv_head(arch: dict[str, Any]
          "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."),
         ("d3", 32768, 0.95, 1, 15450, "max_seq_len",
          "To serve at least one request with the models's max seq len (32768), (2.15 GiB KV cache is needed, which is larger than the "
-         "available KV cache memory (1.66 GiB). Based on the available memory, the estimated maximum model length is 24304. Try increasing "
+         "available KV cache memory (1.22 GiB). Based on the available memory, the estimated maximum model length is 17248. Try increasing "
          "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."),
     ],
 )  # fmt: skip

@@ -11,9 +11,9 @@ from d3_planner import Options, _Planner, d3_plan
 from l4 import l4_gpus
 
 MIB = 1024**2
-COMMON = {"max_position_embeddings": 4096, "quantization": "fp8", "enforce_eager": False, "forbidden_kv_cache_dtypes": ["fp8"], "env": {},
+COMMON = {"max_position_embeddings": 4096, "quantization": "fp8", "enforce_eager": True, "env": {},
           "container_hf_home": "/hf"}
-# 2952 MiB of weights + 2048 MiB runtime = 5000 MiB: exactly half of a 10000 MiB GPU
+# 2952 MiB of weights on half of a 10000 MiB GPU
 WEIGHTS_GB = 2952 * MIB / 1e9
 VARIANTS = {
     "fp8": {"hf_repo": "org/plain-FP8", "quant_method": "fp8", "measured_on_l4_tp": [1]},
@@ -25,8 +25,9 @@ VARIANTS = {
 }  # fmt: skip
 
 
-# A small hybrid (8 layers, 2 of them full attention) whose profile run at 32768 tokens takes 168 MiB of activations
-# (5376 B per token: docs/capacity.md), and whose 4096-token sequence takes 1 MiB of KV cache.
+# A small hybrid (8 layers, 2 of them full attention) whose profile run at its 4096 tokens (max_num_batched_tokens =
+# --max-model-len without chunked prefill) takes 21 MiB of activations (5376 B per token: docs/capacity.md), and whose
+# 4096-token sequence takes 1 MiB of KV cache.
 ARCH = {"text": {"num_hidden_layers": 8, "full_attention_interval": 4, "hidden_size": 256, "intermediate_size": 512,
                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2,
                  "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
@@ -64,13 +65,15 @@ def test_an_entry_without_variants_plans_its_own_checkpoint_at_exactly_its_share
     assert inst["variant"] == "default"
     assert inst["args"] == ["--model", "org/plain", "--served-model-name", "plain", "--host", "127.0.0.1", "--port", "8000",
                             "--tensor-parallel-size", "1", "--max-model-len", "4096", "--gpu-memory-utilization", "0.5",
-                            "--quantization", "fp8"]  # fmt: skip
+                            "--quantization", "fp8", "--enforce-eager"]  # fmt: skip
     # docs/capacity.md by hand for ARCH: 48-token blocks (a 17920 B mamba state over 512 B per token), pages of
-    # 24576 B, 2 layers per group, 4 groups: 1368 MiB of KV cache hold 29184 blocks, 350208 tokens
-    assert inst["vram_arithmetic_mib_per_gpu"] == {"weights_mib": 2952, "activation_peak_mib": 168, "non_torch_mib": 512,
-                                                   "encoder_probe_mib": 0, "requested_mib": 5000, "kv_pool_mib": 1368,
-                                                   "sequence_kv_mib": 5, "total_mib": 3637}  # fmt: skip
-    assert inst["kv_cache"]["gpu_kv_cache_tokens"] == 350208 and inst["kv_cache"]["max_concurrency"] == round(29184 / 89, 2)
+    # 24576 B, 2 layers per group, 4 groups: 5000 - 2952 - 21 - 512 = 1515 MiB of KV cache hold 32320 blocks, 387840
+    # tokens
+    assert inst["vram_arithmetic_mib_per_gpu"] == {"weights_mib": 2952, "activation_peak_mib": 21, "non_torch_mib": 512,
+                                                   "encoder_probe_mib": 0, "requested_mib": 5000, "kv_pool_mib": 1515,
+                                                   "sequence_kv_mib": 5, "total_mib": 3490}  # fmt: skip
+    assert 1515 * MIB // 24576 // 2 == 32320
+    assert inst["kv_cache"]["gpu_kv_cache_tokens"] == 32320 // 4 * 48 and inst["kv_cache"]["max_concurrency"] == round(32320 / 89, 2)
     assert (inst["measured_on_hardware"], inst["hardware_note"]) == (None, PROBE)
     assert plan([{"model": "plain", "variant": "x"}])["errors"] == [
         "host h: d3_models[0] (plain): plain has no variant 'x': it has only its default checkpoint (org/plain), no variants to choose from. Fix: remove `variant:` from d3_models[0] to run that checkpoint"]
@@ -85,30 +88,34 @@ def test_an_entry_without_variants_plans_its_own_checkpoint_at_exactly_its_share
 
 def test_a_model_too_big_for_any_tensor_parallel_size() -> None:
     assert plan([{"model": "big"}])["errors"] == [
-        "host h: d3_models[0] (big): big at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 76294 + profile-run peak 168 (32768 tokens x 5376 B) + non-torch 512 = 76974 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: pick a smaller model or variant for d3_models[0]"]
+        "host h: d3_models[0] (big): big at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 76294 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 76827 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: pick a smaller model or variant for d3_models[0]"]
 
 
 def test_a_chosen_variant_without_enforce_eager_counts_the_encoder_probe() -> None:
-    assert plan([{"model": "multi", "variant": "ampere"}], gpus=[{**GPU[0], "compute_cap": ""}])["errors"] == [
-        "host h: d3_models[0] (multi): multi variant ampere at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 2952 + profile-run peak 168 (32768 tokens x 5376 B) + non-torch 512 + encoder probe 18842 (CUDA graph capture without --enforce-eager) = 22474 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: pick a smaller model or variant for d3_models[0]; or keep --enforce-eager (remove --no-enforce-eager)"]
-    fits = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.37"]}])  # the default: measured, no probe
+    assert plan([{"model": "multi", "variant": "ampere", "extra_args": ["--no-enforce-eager"]}], gpus=[{**GPU[0], "compute_cap": ""}])["errors"] == [
+        "host h: d3_models[0] (multi): multi variant ampere at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 2952 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 + encoder probe 18842 (CUDA graph capture without --enforce-eager) = 22327 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: pick a smaller model or variant for d3_models[0]; or keep --enforce-eager (remove --no-enforce-eager)"]
+    fits = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.37"]}])  # eager: no probe
     assert fits["errors"] == []
-    assert fits["instances"][0]["vram_arithmetic_mib_per_gpu"]["kv_pool_mib"] == 67
+    assert fits["instances"][0]["vram_arithmetic_mib_per_gpu"]["kv_pool_mib"] == 214
+    # the default recipe without --enforce-eager counts the probe too (it used to be left out for a measured recipe)
+    (error,) = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.37", "--no-enforce-eager"]}])["errors"]
+    assert "+ encoder probe 18842 (CUDA graph capture without --enforce-eager)" in error
     assert (fits["instances"][0]["measured_on_hardware"], fits["instances"][0]["hardware_note"]) == (
         True, "the field report ran this recipe on L4 hardware")
 
 
 def test_a_kv_cache_too_small_for_one_sequence_gets_vllms_refusal_and_every_way_out() -> None:
-    assert plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3633"]}])["errors"] == [
-        "host h: d3_models[0] (multi): multi at TP 1 is refused by vLLM at startup, its KV cache being too small for one sequence of --max-model-len 4096 (5 MiB): 'To serve at least one request with the models's max seq len (4096), (0.00 GiB KV cache is needed, which is larger than the available KV cache memory (0.00 GiB). Based on the available memory, the estimated maximum model length is 864. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.' (weights 2952 + profile-run peak 168 (32768 tokens x 5376 B) + non-torch 512 = 3632 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 3633 MiB). Fix: in d3_models[0].extra_args set --max-model-len=864 (the longest that fits), or set --gpu-memory-utilization=0.37, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
-    assert plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3633", "--max-model-len=864"]}])["errors"] == []
+    assert plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3486"]}])["errors"] == [
+        "host h: d3_models[0] (multi): multi at TP 1 is refused by vLLM at startup, its KV cache being too small for one sequence of --max-model-len 4096 (5 MiB): 'To serve at least one request with the models's max seq len (4096), (0.00 GiB KV cache is needed, which is larger than the available KV cache memory (0.00 GiB). Based on the available memory, the estimated maximum model length is 864. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.' (weights 2952 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 3485 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 3486 MiB). Fix: in d3_models[0].extra_args set --max-model-len=3577 (the longest that fits), or set --gpu-memory-utilization=0.36, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
+    # a shorter context also profiles fewer tokens: 3577 fits where vLLM's estimate (at 4096's profile) says 864
+    assert plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3486", "--max-model-len=3577"]}])["errors"] == []
 
 
 def test_concurrency_below_the_floor_is_refused_with_the_figures_vllm_would_log() -> None:
     assert plan([{"model": "plain"}], min_concurrency=400)["errors"] == [
-        "host h: d3_models[0] (plain): plain at TP 1 would start with 'GPU KV cache size: 350,208 tokens' and 'Maximum concurrency for 4,096 tokens per request: 327.91x', below d3_min_concurrency 400 (weights 2952 + profile-run peak 168 (32768 tokens x 5376 B) + non-torch 512 = 3632 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 5000 MiB leave a KV cache of 1368 MiB; one 4096-token sequence takes 5 MiB). Fix: in d3_models[0].extra_args set --max-model-len=3312 (the longest that fits), or set --gpu-memory-utilization=0.54, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
-    assert plan([{"model": "plain", "extra_args": ["--max-model-len=3312"]}], min_concurrency=400)["errors"] == []
-    assert plan([{"model": "plain"}], min_concurrency=327.9)["errors"] == []
+        "host h: d3_models[0] (plain): plain at TP 1 would start with 'GPU KV cache size: 387,840 tokens' and 'Maximum concurrency for 4,096 tokens per request: 363.15x', below d3_min_concurrency 400 (weights 2952 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 3485 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 5000 MiB leave a KV cache of 1515 MiB; one 4096-token sequence takes 5 MiB). Fix: in d3_models[0].extra_args set --max-model-len=3696 (the longest that fits), or set --gpu-memory-utilization=0.52, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
+    assert plan([{"model": "plain", "extra_args": ["--max-model-len=3696"]}], min_concurrency=400)["errors"] == []
+    assert plan([{"model": "plain"}], min_concurrency=363.1)["errors"] == []
     for bad in (0, -1, float("inf"), float("nan"), True):
         assert plan([{"model": "plain"}], min_concurrency=bad)["errors"] == [
             f"host h: d3_min_concurrency: {bad if bad is True else float(bad)!r} is not a number above 0. Fix: set the least maximum concurrency vLLM may log, e.g. 1 (what vLLM needs to start) or 4"]
@@ -119,7 +126,7 @@ def test_pre_quantized_and_explicitly_not_pre_quantized_variants() -> None:
         "host h: d3_models[0] (multi): variant 'fp8' (org/plain-FP8) is a pre-quantized checkpoint (quant_method fp8); with --quantization awq vLLM refuses to start: 'Quantization method specified in the model config (fp8) does not match the quantization method specified in the `quantization` argument (awq).'. Fix: remove --quantization from d3_models[0].extra_args (vLLM reads it from the checkpoint)"]
     w4 = plan([{"model": "multi", "variant": "w4", "extra_args": ["--quantization=fp8"]}])
     assert w4["errors"] == []
-    assert w4["instances"][0]["args"][-2:] == ["--quantization", "fp8"]
+    assert w4["instances"][0]["args"][-3:] == ["--quantization", "fp8", "--enforce-eager"]
     assert "--quantization" not in plan([{"model": "multi", "variant": "w4"}])["instances"][0]["args"]
 
 
@@ -168,7 +175,7 @@ def test_shares_add_up_on_a_gpu() -> None:
     assert result["errors"] == [
         "host h: d3_models[3] (s3): VRAM over budget on GPU 0: its share of 5000 MiB (--gpu-memory-utilization 0.25 x 20000 MiB) on top of s0 5000 MiB (0.25), s1 5000 MiB (0.25), s2 5000 MiB (0.25) makes 20000 MiB, over the 18400 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set --gpu-memory-utilization=0.17 in d3_models[3].extra_args (what is left), or move d3_models[3] to another GPU (its `gpus:`) or host"]
     # the partial plan: what would run where once the refused instance is fixed
-    assert result["partial"][:1] == ["s0: s on GPU 0, port 8000, needs 776 MiB/GPU of its 5000 MiB share; GPU KV cache size: 1,081,584 tokens, maximum concurrency 22533.25x at 16 tokens (predicted)"]
+    assert result["partial"][:1] == ["s0: s on GPU 0, port 8000, needs 619 MiB/GPU of its 5000 MiB share; GPU KV cache size: 1,121,904 tokens, maximum concurrency 23373.25x at 16 tokens (predicted)"]
     assert result["partial"][-1] == "GPU 0: 15000/20000 MiB in shares (s0 5000 MiB, s1 5000 MiB, s2 5000 MiB)"
     two_gpus = d3_plan([*models, {"model": "s", "name": "s4", "extra_args": ["--gpu-memory-utilization=1"]}], catalog, COMMON,
                        l4_gpus(2, 20000), host="h", options={"allow_cuda_graphs": True, "gpu_share_cap": 0})  # fmt: skip
@@ -178,7 +185,7 @@ def test_shares_add_up_on_a_gpu() -> None:
     tight = d3_plan([{**m, "extra_args": ["--gpu-memory-utilization=0.3", "--max-model-len=16"]} for m in fixed], catalog, COMMON,
                     l4_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})  # fmt: skip
     assert tight["errors"][0].endswith(
-        "Fix: move d3_models[3] to another GPU (its `gpus:`) or host (at the 0.02 left, s3 itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 95 + profile-run peak 168 (32768 tokens x 5376 B) + non-torch 512 = 775 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 400 MiB)")
+        "Fix: move d3_models[3] to another GPU (its `gpus:`) or host (at the 0.02 left, s3 itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 95 + profile-run peak 11 (2048 tokens x 5376 B) + non-torch 512 = 618 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 400 MiB)")
 
 
 def test_listen_address_skips_unreadable_host_addresses() -> None:
@@ -221,7 +228,7 @@ def test_an_unpinned_variant_in_its_own_repository_has_no_release_record() -> No
 
 def test_the_tensor_parallel_fix_only_offers_a_size_the_heads_divide() -> None:
     assert d3_plan([{"model": "sized"}], {"sized": sized(5904)}, COMMON, GPU, host="h", options={"allow_cuda_graphs": True})["errors"] == [
-        "host h: d3_models[0] (sized): sized at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 5904 + profile-run peak 168 (32768 tokens x 5376 B) + non-torch 512 = 6584 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 5000 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.66, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
+        "host h: d3_models[0] (sized): sized at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 5904 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 6437 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 5000 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.65, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
     # 4 needs more than TP 2 and ARCH's 2 key heads do not split 4 ways: no TP is offered
     (error,) = d3_plan([{"model": "sized"}], {"sized": sized(4 * 5904)}, COMMON, GPU, host="h", options={"allow_cuda_graphs": True})["errors"]
     assert error.endswith("Fix: pick a smaller model or variant for d3_models[0]")
@@ -257,9 +264,10 @@ def test_replicas_on_one_host_share_a_served_name_and_a_bad_one_is_refused() -> 
 
 
 def test_the_longest_max_model_len_is_one_below_a_block_boundary() -> None:
-    # 864 tokens (18 blocks of 48) fit; 865 needs a 19th block
-    (error,) = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3633", "--max-model-len=865"]}])["errors"]
-    assert error.endswith("Fix: in d3_models[0].extra_args set --max-model-len=864 (the longest that fits), or set --gpu-memory-utilization=0.37, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)")
+    # with the profile run fixed at 4096 tokens: 864 tokens (18 blocks of 48) fit; 865 needs a 19th block
+    (error,) = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3486", "--max-model-len=865",
+                                                        "--max-num-batched-tokens=4096"]}])["errors"]  # fmt: skip
+    assert error.endswith("Fix: in d3_models[0].extra_args set --max-model-len=864 (the longest that fits), or set --gpu-memory-utilization=0.36, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)")
 
 
 def test_no_share_above_097_is_offered() -> None:
@@ -327,4 +335,4 @@ def test_json_keys_of_known_flags_and_a_harmless_kv_cache_dtype() -> None:
 
 def test_batched_tokens_that_do_not_parse() -> None:
     assert plan([{"model": "plain", "extra_args": ["--max-num-batched-tokens=lots"]}])["errors"] == [
-        "host h: d3_models[0] (plain): --max-num-batched-tokens in extra_args does not parse (invalid literal for int() with base 10: 'lots'). Fix: give a number"]
+        "host h: d3_models[0] (plain): --max-num-batched-tokens or --kv-cache-memory-bytes in extra_args does not parse (invalid literal for int() with base 10: 'lots'). Fix: give a number (e.g. 8192, 8k or 4G)"]

@@ -27,7 +27,8 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         2,
         {},
         [
-            H + "d3_models[0]: unknown key(s) ['gpu']. Fix: use only ['env', 'extra_args', 'gpus', 'model', 'name', 'port', 'served_name', 'variant']",
+            H
+            + "d3_models[0]: unknown key(s) ['gpu']. Fix: use only ['env', 'extra_args', 'gpus', 'model', 'name', 'port', 'served_name', 'variant']",
         ],
     ),
     "unknown_model": (
@@ -87,7 +88,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-mini): --kv-cache-dtype fp8 crashes D3 on the first request that reaches encoder attention ('quantized KV cache is not supported for encoder attention'). Fix: remove --kv-cache-dtype from d3_models[0].extra_args",
+            + "d3_models[0] (d3-mini): --kv-cache-dtype fp8 is a quantized KV cache, which crashes D3 on the first request that reaches encoder attention ('quantized KV cache is not supported for encoder attention'). Fix: remove --kv-cache-dtype from d3_models[0].extra_args",
         ],
     ),
     "no_eager": (
@@ -97,6 +98,8 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         [
             H
             + "d3_models[0] (d3-mini): dropping --enforce-eager makes vLLM capture CUDA graphs, which OOMs on a 24 GB L4 (fixed 18.4 GB vision-encoder profiling allocation). Fix: remove --no-enforce-eager, or set d3_allow_cuda_graphs: true to acknowledge the risk",
+            H
+            + "d3_models[0] (d3-mini): d3-mini at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 + encoder probe 18842 (CUDA graph capture without --enforce-eager) = 25745 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: pick a smaller model or variant for d3_models[0]; or keep --enforce-eager (remove --no-enforce-eager)",
         ],
     ),
     "not_number": (
@@ -150,13 +153,67 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
             H + "d3_models[0] (d3-edge): --gpu-memory-utilization 0.0 is outside (0, 1]. Fix: use a fraction such as 0.45",
         ],
     ),
+    "heads_tp": (
+        [{"model": "d3-flash", "extra_args": ["--tensor-parallel-size=3"]}],
+        4,
+        {},
+        [
+            H
+            + "d3_models[0] (d3-flash): vLLM refuses to start: 'Total number of attention heads (16) must be divisible by tensor parallel size (3).'. Fix: set --tensor-parallel-size to one of 1, 2, 4, 8, 16 in d3_models[0].extra_args",
+        ],
+    ),
+    "prefix": (
+        [{"model": "d3-mini", "extra_args": ["--enable-prefix-caching"]}],
+        2,
+        {},
+        [
+            H
+            + "d3_models[0] (d3-mini): --enable-prefix-caching on a Gated DeltaNet hybrid selects vLLM's mamba cache mode 'align', which D3 cannot start with, chunked prefill being off: vLLM refuses at startup with 'Chunked prefill is required for mamba cache mode 'align'.' (vllm/model_executor/models/config.py). Fix: remove --enable-prefix-caching from d3_models[0].extra_args",
+        ],
+    ),
+    "prefix_chunked": (
+        [{"model": "d3-mini", "extra_args": ["--enable-prefix-caching", "--enable-chunked-prefill"]}],
+        2,
+        {},
+        [
+            H
+            + "d3_models[0] (d3-mini): --enable-prefix-caching on a Gated DeltaNet hybrid selects vLLM's mamba cache mode 'align', whose block size and per-request state blocks the planner does not model (docs/capacity.md). Fix: remove --enable-prefix-caching from d3_models[0].extra_args",
+        ],
+    ),
+    "kv_token_head": (
+        [{"model": "d3-mini", "extra_args": ["--kv-cache-dtype=fp8_per_token_head"]}],
+        2,
+        {},
+        [
+            H
+            + "d3_models[0] (d3-mini): --kv-cache-dtype fp8_per_token_head is a quantized KV cache, which crashes D3 on the first request that reaches encoder attention ('quantized KV cache is not supported for encoder attention'). Fix: remove --kv-cache-dtype from d3_models[0].extra_args",
+        ],
+    ),
+    "kv_unknown": (
+        [{"model": "d3-mini", "extra_args": ["--kv-cache-dtype=int2"]}],
+        2,
+        {},
+        [
+            H
+            + "d3_models[0] (d3-mini): --kv-cache-dtype int2 is not one of vLLM's KV cache dtypes: vLLM's argument parser refuses it (\"argument --kv-cache-dtype: invalid choice: 'int2'\", vllm/config/cache.py CacheDType). Fix: remove --kv-cache-dtype from d3_models[0].extra_args (auto: the model's BF16)",
+        ],
+    ),
+    "len_62000": (
+        [{"model": "d3", "extra_args": ["--max-model-len=62000"]}],
+        4,
+        {},
+        [
+            H
+            + "d3_models[0] (d3-27b): d3 at TP 2 is refused by vLLM at startup, its KV cache being too small for one sequence of --max-model-len 62000 (2034 MiB): 'To serve at least one request with the models's max seq len (62000), (1.99 GiB KV cache is needed, which is larger than the available KV cache memory (1.84 GiB). Based on the available memory, the estimated maximum model length is 57232. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.' (weights 13314 + profile-run peak 5722 (62000 tokens x 96768 B) + non-torch 512 = 19548 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 21432 MiB). Fix: in d3_models[0].extra_args set --max-model-len=60919 (the longest that fits), or set --gpu-memory-utilization=0.96, or set --tensor-parallel-size=4 (4 GPUs; the host has 4)",
+        ],
+    ),
     "does_not_fit_tp": (
         [{"model": "d3", "extra_args": ["--tensor-parallel-size=1"]}],
         2,
         {},
         [
             H
-            + "d3_models[0] (d3-27b): d3 at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 26627 + profile-run peak 4928 (32768 tokens x 157696 B) + non-torch 512 = 32067 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: in d3_models[0].extra_args set --tensor-parallel-size=2 (2 GPUs; the host has 2)",
+            + "d3_models[0] (d3-27b): d3 at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 26627 + profile-run peak 1232 (8192 tokens x 157696 B) + non-torch 512 = 28371 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: in d3_models[0].extra_args set --tensor-parallel-size=2 (2 GPUs; the host has 2)",
         ],
     ),
     "does_not_fit_util": (
@@ -165,7 +222,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-flash): d3-flash at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 3584 (32768 tokens x 114688 B) + non-torch 512 = 12679 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 6910 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.57, or set --tensor-parallel-size=4 (4 GPUs; the host has 2)",
+            + "d3_models[0] (d3-flash): d3-flash at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 896 (8192 tokens x 114688 B) + non-torch 512 = 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 6768 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.46, or set --tensor-parallel-size=2 (2 GPUs; the host has 2)",
         ],
     ),
     "bad_revision": (
@@ -243,7 +300,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[1] (d3-mini): VRAM over budget on GPU 0: its share of 10365 MiB (--gpu-memory-utilization 0.45 x 23034 MiB) on top of d3-flash 20730 MiB (0.9) makes 31095 MiB, over the 21191 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, d3-mini itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 = 6903 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 460 MiB)",
+            + "d3_models[1] (d3-mini): VRAM over budget on GPU 0: its share of 10365 MiB (--gpu-memory-utilization 0.45 x 23034 MiB) on top of d3-flash 20730 MiB (0.9) makes 31095 MiB, over the 21191 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, d3-mini itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 = 6903 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
         ],
     ),
     "share_auto": (
@@ -252,7 +309,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[1] (flash-b): VRAM over budget: no 1 GPU(s) with 20730 MiB (--gpu-memory-utilization 0.9) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: d3-flash 20730 MiB (0.9)). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, flash-b itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 3584 (32768 tokens x 114688 B) + non-torch 512 = 12679 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 460 MiB)",
+            + "d3_models[1] (flash-b): VRAM over budget: no 1 GPU(s) with 20730 MiB (--gpu-memory-utilization 0.9) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: d3-flash 20730 MiB (0.9)). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, flash-b itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 896 (8192 tokens x 114688 B) + non-torch 512 = 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
         ],
     ),
     "tp_host": (

@@ -51,9 +51,9 @@ def test_a_whole_instance(catalog_vars: dict[str, Any]) -> None:
         "weights_mib": 3815, "vram_need_mib_per_gpu": 7992, "variant": "bf16-fp8-online",
         "quant_method": None, "download_bytes": 9_400_000_000,
         "vram_arithmetic_mib_per_gpu": {"weights_mib": 3815, "activation_peak_mib": 2576, "non_torch_mib": 512,
-                                        "encoder_probe_mib": 0, "requested_mib": 10365, "kv_pool_mib": 3448,
+                                        "encoder_probe_mib": 0, "requested_mib": 10152, "kv_pool_mib": 3234,
                                         "sequence_kv_mib": 1089, "total_mib": 7992},
-        "kv_cache": {"gpu_kv_cache_tokens": 27456, "max_concurrency": 3.17, "block_size": 528, "max_num_batched_tokens": 32768,
+        "kv_cache": {"gpu_kv_cache_tokens": 25872, "max_concurrency": 2.97, "block_size": 528, "max_num_batched_tokens": 32768,
                      "measured_on_hardware": False,
                      "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware"},
         "measured_on_hardware": None,
@@ -90,19 +90,19 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
 
     assert d3_plan_report(result, "img") == [
         f"d3-mini: d3-mini (vllm-sr/d3-mini@{SHA}) on GPU 0, port 8000, unit d3-mini.service, needs 7992 MiB/GPU of its "
-        "10365 MiB share",
+        "10152 MiB share",
         "  per GPU: weights 3815 + profile-run peak 2576 + non-torch 512 + encoder probe 0 + one 32768-token sequence 1089 = "
-        "7992 MiB; the share's rest is KV cache (3448 MiB in all)",
-        "  vLLM will log: GPU KV cache size: 27,456 tokens; Maximum concurrency for 32,768 tokens per request: 3.17x "
+        "7992 MiB; the share's rest is KV cache (3234 MiB in all)",
+        "  vLLM will log: GPU KV cache size: 25,872 tokens; Maximum concurrency for 32,768 tokens per request: 2.97x "
         "(predicted from vLLM's source (docs/capacity.md); not yet measured on hardware)",
         "  variant bf16-fp8-online (no quantization_config), download 9.4 GB",
         run("d3-mini", SHA) + f" --revision {SHA} --served-model-name d3-mini --host 127.0.0.1 --port 8000 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.45 --quantization fp8 --enforce-eager",
         "d3-edge: d3-edge (vllm-sr/d3-edge@UNPINNED) on GPU 0, port 8001, unit d3-edge.service, needs 2536 MiB/GPU of its "
-        "5758 MiB share",
+        "5640 MiB share",
         "  per GPU: weights 572 + profile-run peak 1248 + non-torch 512 + encoder probe 0 + one 32768-token sequence 204 = "
-        "2536 MiB; the share's rest is KV cache (3423 MiB in all)",
-        "  vLLM will log: GPU KV cache size: 145,792 tokens; Maximum concurrency for 32,768 tokens per request: 16.78x "
+        "2536 MiB; the share's rest is KV cache (3305 MiB in all)",
+        "  vLLM will log: GPU KV cache size: 140,896 tokens; Maximum concurrency for 32,768 tokens per request: 16.20x "
         "(predicted from vLLM's source (docs/capacity.md); not yet measured on hardware)",
         "  variant bf16-fp8-online (no quantization_config), download 1.4 GB",
         run("d3-edge", "unpinned") + " --served-model-name d3-edge --host 127.0.0.1 --port 8001 "

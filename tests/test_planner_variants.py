@@ -14,7 +14,7 @@ from l4 import l4_gpus
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "89abcdef0123456789abcdef0123456789abcdef"
-L4_BUDGET_095 = int(23034 * 0.95)  # 21882 MiB
+L4_BUDGET_095 = int(22560 * 0.95)  # 21432 MiB: 0.95 of an L4's 22.03 GiB as vLLM sees it
 
 
 def plan(catalog_vars: dict[str, Any], models: list[Any], gpus: int = 2, **opts: Any) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def test_default_variant_is_unchanged(catalog_vars: dict[str, Any]) -> None:
     f = flags(implicit)
     assert (f["--model"], f["--quantization"], f["--tensor-parallel-size"]) == ("vllm-sr/d3", "fp8", "2")
     assert implicit["download_bytes"] == 52_200_000_000
-    assert implicit["vram_need_mib_per_gpu"] == 13314 + 3024 + 512 + 343  # tests/test_planner.py
+    assert implicit["vram_need_mib_per_gpu"] == 13314 + 756 + 512 + 343  # tests/test_planner.py
     assert implicit["measured_on_hardware"] is True  # the field report's 2xL4 recipe
 
 
@@ -98,10 +98,11 @@ def test_official_fp8_variant_flags_vram_and_download(catalog_vars: dict[str, An
     assert a["sequence_kv_mib"] == -(-16 * 784 * 2048 * (11 + 3) // 1024**2) == 343
     assert a["weights_mib"] == -(-mib(31.9) // 2) and a["encoder_probe_mib"] == 0
     # FP8 activations (W8A8) like the online recipe: the same peak per token
-    assert a["activation_peak_mib"] == 3024
-    assert a["total_mib"] == a["weights_mib"] + 3024 + 512 + 343 == inst["vram_need_mib_per_gpu"] <= L4_BUDGET_095
-    assert inst["kv_cache"] == {"gpu_kv_cache_tokens": 24304, "max_concurrency": 9.07, "block_size": 784,
-                                "max_num_batched_tokens": 32768, "measured_on_hardware": False,
+    assert a["activation_peak_mib"] == 756
+    assert a["total_mib"] == a["weights_mib"] + 756 + 512 + 343 == inst["vram_need_mib_per_gpu"] <= L4_BUDGET_095
+    # 21432 - 15211 - 756 - 512 = 4953 MiB: 202 blocks of 16 x 784 x 2048 B
+    assert inst["kv_cache"] == {"gpu_kv_cache_tokens": 202 // 4 * 784, "max_concurrency": round(202 / 14, 2), "block_size": 784,
+                                "max_num_batched_tokens": 8192, "measured_on_hardware": False,
                                 "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware"}
     assert inst["measured_on_hardware"] is False
 
@@ -112,11 +113,11 @@ def test_w4a16_puts_the_27b_on_one_l4_when_the_arithmetic_allows(catalog_vars: d
     assert inst["gpus"] == [0] and flags(inst)["--tensor-parallel-size"] == "1"
     assert "--quantization" not in flags(inst)
     a = inst["vram_arithmetic_mib_per_gpu"]
-    # weights 16.2 GB + the profile run's peak at 32768 tokens (bf16 activations: W4A16) + non-torch 512 + one 8192-token
-    # sequence (no encoder probe under --enforce-eager): vLLM would start, with a small KV cache
-    assert (a["weights_mib"], a["activation_peak_mib"], a["sequence_kv_mib"], a["encoder_probe_mib"]) == (mib(16.2), 4224, 686, 0)
-    assert a["total_mib"] == mib(16.2) + 4224 + 512 + 686 == 20872 <= L4_BUDGET_095
-    assert (inst["kv_cache"]["gpu_kv_cache_tokens"], inst["kv_cache"]["max_concurrency"]) == (6272, 2.43)
+    # weights 16.2 GB + the profile run's peak at 8192 tokens (bf16 activations: W4A16) + non-torch 512 + one 8192-token
+    # sequence (no encoder probe under --enforce-eager): vLLM would start
+    assert (a["weights_mib"], a["activation_peak_mib"], a["sequence_kv_mib"], a["encoder_probe_mib"]) == (mib(16.2), 1056, 686, 0)
+    assert a["total_mib"] == mib(16.2) + 1056 + 512 + 686 == 17704 <= L4_BUDGET_095
+    assert (inst["kv_cache"]["gpu_kv_cache_tokens"], inst["kv_cache"]["max_concurrency"]) == (17248, 6.43)
     assert inst["download_bytes"] == 16_200_000_000
     assert inst["measured_on_hardware"] is False
     report = "\n".join(d3_plan_report(result))
@@ -131,18 +132,19 @@ def test_w4a16_on_one_l4_refused_at_65536_tokens(catalog_vars: dict[str, Any]) -
         plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=65536"]}], gpus=1),
         "d3 variant w4a16-awq at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory')",
         "weights 15450 + profile-run peak 8448 (65536 tokens x 135168 B) + non-torch 512 = 24410 MiB per GPU",
-        "Fix: in d3_models[0].extra_args set --max-model-len=24304 (the longest that fits), or set --tensor-parallel-size=2",
+        "Fix: in d3_models[0].extra_args set --max-model-len=27609 (the longest that fits), or set --tensor-parallel-size=2",
     )
     # at 32768 tokens the profile run fits but one sequence does not: vLLM's own refusal, with its estimate
     refused(
         plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=32768"]}], gpus=1),
         "its KV cache being too small for one sequence of --max-model-len 32768 (2205 MiB)",
         "'To serve at least one request with the models's max seq len (32768), (2.15 GiB KV cache is needed, which is "
-        "larger than the available KV cache memory (1.66 GiB). Based on the available memory, the estimated maximum model "
-        "length is 24304.",
-        "--max-model-len=24304 (the longest that fits)",
+        "larger than the available KV cache memory (1.22 GiB). Based on the available memory, the estimated maximum model "
+        "length is 17248.",
+        # vLLM estimates at the profile it ran; a shorter --max-model-len also profiles fewer tokens, so more fits
+        "--max-model-len=27609 (the longest that fits)",
     )
-    longest = one(plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=24304"]}], gpus=1))
+    longest = one(plan(catalog_vars, [{"model": "d3", "variant": "w4a16-awq", "extra_args": ["--max-model-len=27609"]}], gpus=1))
     assert longest["kv_cache"]["max_concurrency"] == 1.0
 
 
@@ -173,8 +175,9 @@ def test_refuses_nvfp4_on_l4_naming_the_gpu(catalog_vars: dict[str, Any], varian
     refused(
         plan(catalog_vars, [{"model": "d3", "variant": variant}]),
         f"variant '{variant}'",
-        "needs compute capability 10.0 (for FP4 compute; below 10.0 vLLM would run it as weight-only FP4 through Marlin "
-        "(marlin_utils_fp4, with a warning), a path nobody has run for D3, so the catalog plans it on Blackwell only)",
+        "is planned on compute capability 10.0 and newer only (policy: FP4 tensor cores are compute capability 10.0; below "
+        "it vLLM runs an NVFP4 checkpoint as weight-only FP4 through Marlin (marlin_utils_fp4 is_fp4_marlin_supported: "
+        "compute capability 7.5 and newer, with a warning), a path nobody has run for D3",
         "GPU 0 is a NVIDIA L4 (compute capability 8.9)",
         "bf16-fp8-online, fp8, w4a16-awq",
     )
@@ -202,7 +205,7 @@ def test_refuses_a_variant_that_does_not_fit_with_the_numbers(catalog_vars: dict
     refused(
         plan(catalog_vars, [{"model": "d3", "variant": "fp8", "extra_args": ["--tensor-parallel-size=1"]}], gpus=1),
         f"d3 variant fp8 at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): "
-        f"weights {mib(31.9)} + profile-run peak 4928 (32768 tokens x 157696 B) + non-torch 512 = 35862 MiB per GPU",
+        f"weights {mib(31.9)} + profile-run peak 1232 (8192 tokens x 157696 B) + non-torch 512 = 32166 MiB per GPU",
         "Fix: in d3_models[0].extra_args set --tensor-parallel-size=2",
     )
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The capacity table of docs/capacity.md: for every D3 size and checkpoint variant on NVIDIA L4s, at 8192, 32768
+"""The capacity table of docs/capacity.md: for every D3 size and checkpoint variant on NVIDIA L4s, at 8192, 16384, 32768
 and 131072 tokens of --max-model-len, what the planner predicts vLLM logs at startup (GPU KV cache size, maximum
 concurrency) or why it refuses the plan. Each cell is a real plan: d3_plan with the catalog's flags (its TP and
 --gpu-memory-utilization), only --max-model-len changed, on as many L4s as the TP needs.
@@ -24,7 +24,7 @@ from d3_planner import d3_plan, host_gpus  # noqa: E402
 
 DOC = ROOT / "docs" / "capacity.md"
 BEGIN, END = "<!-- capacity-table:begin (tools/capacity_table.py) -->", "<!-- capacity-table:end -->"
-LENGTHS = (8192, 32768, 131072)
+LENGTHS = (8192, 16384, 32768, 131072)
 # what a refusal says, shortened for a table cell: (pattern in the planner's message, cell text from its groups)
 REASONS = (
     (r"runs out of memory in vLLM's profile run .*? = (\d+) MiB per GPU", "refused: the profile run runs out of memory ({0} MiB per GPU)"),
@@ -32,7 +32,7 @@ REASONS = (
      "refused by vLLM: one sequence needs {0} MiB of KV cache, {1} GiB left"),
     (r"No available memory for the cache blocks.*? = (\d+) MiB per GPU fill its share .*? of (\d+) MiB",
      "refused by vLLM: no memory left for the KV cache ({0} of {1} MiB)"),
-    (r"needs compute capability ([\d.]+)", "refused: planned on compute capability {0} only (policy)"),
+    (r"is planned on compute capability ([\d.]+) and newer only \(policy", "refused: planned on compute capability {0} only (policy)"),
 )  # fmt: skip
 
 

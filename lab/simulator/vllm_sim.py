@@ -7,24 +7,29 @@ reachable). It reproduces the observable behaviour the fleet automation depends 
 * the command line of the vllm-openai entrypoint (argparse; unknown flags -> exit 2 like vLLM),
 * GPU discovery like vLLM: /dev/nvidiaN device nodes + `nvidia-smi` (from the CDI mounts), CUDA_VISIBLE_DEVICES,
 * offline model resolution from the Hugging Face cache ($HF_HOME/hub/models--ORG--NAME/snapshots/<rev>),
-* the memory arithmetic of the field report (weights / TP + overhead + KV cache must fit the budget,
-  CUDA-graph capture OOM on <= 24 GiB GPUs, fp8 KV cache dying on the first request),
+* vLLM's startup memory accounting (startup_memory: the profile batch, the share of the total torch sees, the
+  profile run's peak, non-torch memory, --kv-cache-memory-bytes, the CUDA-graph estimate), ported from vLLM's source
+  independently of the d3-fleet planner, fp8 KV cache dying on the first request,
 * a cold start during which the port is not bound (connection refused), then /health, /v1/models,
   /v1/systemone, /v1/decisions and /metrics.
 
-Memory model (per GPU, GiB; checked in vLLM's order, each failure exits 1 with vLLM's exception text):
-  budget  = --gpu-memory-utilization x memory.total (nvidia-smi); free (total - used) must cover it
+Memory model (per GPU; checked in vLLM's order, each failure exits 1 with vLLM's exception text; sources at
+startup_memory):
+  total   = torch.cuda.mem_get_info()'s total: STAND-IN table TORCH_TOTAL_MIB (an L4: 22.03 GiB), else nvidia-smi's
+  budget  = --gpu-memory-utilization x total; free memory must cover it
   weights = d3_lab_simulated_bytes (the checkpoint's bytes, safetensors __metadata__) / TP, halved by --quantization
             fp8 on a BF16 checkpoint (online FP8); a pre-quantized checkpoint (config.json quantization_config, see
             checkpoint_quantization) counts as it is, and --quantization that disagrees with it is refused like vLLM
-  weights + RUNTIME_OVERHEAD_GIB (1.5) must fit the budget      -> torch.OutOfMemoryError
-  KV pool = budget - weights - overhead (Worker.determine_available_memory: requested memory minus the profile run's
-            non-KV memory); its layout is vLLM's from the model's config.json (kv_layout: full-attention pages with the
-            attention block raised to hold a Gated DeltaNet state, state pages padded to it, layers in groups); one
-            sequence of max_model_len must fit -> ValueError (vLLM's "... larger than the available KV cache memory
-            ..."); then vLLM's two lines "GPU KV cache size: N tokens" and "Maximum concurrency for N tokens per
-            request: Xx"
-  without --enforce-eager on a GPU <= 24 GiB: CUDA graph capture OOM (fixed 18.40 GiB vision-encoder probe).
+  profile = max_num_batched_tokens as `vllm serve` sets it x a STAND-IN activation per token (the Qwen3.5 forward's
+            largest transient); + STAND-IN non-torch memory (512 MiB); + without --enforce-eager the CUDA-graph
+            estimate, the field report's fixed 18.40 GiB vision-encoder capture allocation
+  weights + profile (+ a --kv-cache-memory-bytes pool) must fit the total beside a STAND-IN CUDA context (512 MiB)
+                                                                  -> torch.OutOfMemoryError
+  KV pool = budget - weights - profile (or --kv-cache-memory-bytes); its layout is vLLM's from the model's
+            config.json (kv_layout: full-attention pages with the attention block raised to hold a Gated DeltaNet
+            state, state pages padded to it, layers in groups); one sequence of max_model_len must fit -> ValueError
+            (vLLM's "... larger than the available KV cache memory ..."); then vLLM's two lines "GPU KV cache size: N
+            tokens" and "Maximum concurrency for N tokens per request: Xx"
 
 Driver (CUDA 13 image): driver >= 580, or >= 535 with VLLM_ENABLE_CUDA_COMPATIBILITY=1 (forward compatibility);
 otherwise CUDA initialisation fails with cudaErrorInsufficientDriver (see check_driver).
@@ -87,16 +92,8 @@ from typing import Any, NoReturn
 SIM_VERSION = "0.33.1.dev0+d3sim"  # what /version reports; "d3sim" marks the simulator
 GIB = 1024**3
 MIB = 1024**2
-# STAND-IN term: vLLM's non-KV memory besides the weights is what its profile run measures (torch activation peak +
-# non-torch increase: CUDA context, NCCL buffers; gpu_worker.py determine_available_memory), which the simulator
-# cannot measure. It takes a fixed 1.5 GiB per GPU, chosen so that the field report's d3 (27B) FP8 TP=2 at
-# --gpu-memory-utilization 0.95 fits an L4 at --max-model-len 8192 (~20.8 GB in use) while the default 262144
-# positions do not. The real peak grows with --max-num-batched-tokens and the hidden size; this one does not.
-RUNTIME_OVERHEAD_GIB = 1.5
 # Field report: vLLM's profiling of the Qwen3.5 vision encoder during CUDA graph capture allocates a fixed 18.4 GB.
 VISION_PROBE_GIB = 18.40
-# GPUs with at most this much memory cannot capture CUDA graphs for D3 (L4 = 23034 MiB).
-GRAPH_CAPTURE_LIMIT_GIB = 24.0
 DEFAULT_MAX_POSITIONS = 262144
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes",
@@ -180,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="auto")
     p.add_argument("--api-key", nargs="+", default=None)
     p.add_argument("--max-num-batched-tokens", type=parse_len, default=None)
+    p.add_argument("--kv-cache-memory-bytes", type=parse_len, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
-    # accepted like vLLM's (SchedulerConfig); the simulator's profile-run stand-in does not depend on it
+    # SchedulerConfig: without chunked prefill `vllm serve` profiles max(--max-model-len, 2048) tokens
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--disable-custom-all-reduce", action="store_true")
     p.add_argument("--uvicorn-log-level", choices=("debug", "info", "warning", "error", "critical", "trace"),
@@ -646,6 +644,147 @@ def kv_layout(config: dict[str, Any], kv_dtype: str, tp: int) -> KvLayout:
     return KvLayout(block, page, group, cdiv(n_attn, group), cdiv(n_state, group), state)
 
 
+# vLLM's startup memory accounting, per GPU, ported from vLLM's source (NOT from the d3-fleet planner: the lab's
+# startup log is a second opinion on it; tests/test_capacity_second_opinion.py compares the two). Sources,
+# vllm-project/vllm:
+#  - vllm/v1/worker/gpu_worker.py init_device: init_snapshot = MemorySnapshot (torch.cuda.mem_get_info: free, total);
+#    requested_memory = request_memory(init_snapshot, cache_config) = total_memory * gpu_memory_utilization.
+#  - gpu_worker.py determine_available_memory: `if kv_cache_memory_bytes := cache_config.kv_cache_memory_bytes:`
+#    profile_run(), log "... reserved X GiB memory for KV Cache as specified by kv_cache_memory_bytes config and
+#    skipped memory profiling ...", return it; else memory_profiling(init_snapshot, weights_memory=model_memory_usage)
+#    around profile_run(): non_kv_cache_memory = non_torch_increase + torch_peak_increase + weights_memory;
+#    cudagraph_memory_estimate = profile_cudagraph_memory() when cudagraph_mode != NONE (--enforce-eager: NONE),
+#    applied when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default on since v0.21);
+#    available_kv_cache_memory_bytes = requested_memory - non_kv_cache_memory - cudagraph_memory_estimate_applied.
+#  - vllm/engine/arg_utils.py get_batch_defaults: `vllm serve` (UsageContext.OPENAI_API_SERVER) takes
+#    max_num_batched_tokens 2048 and max_num_seqs 256 when device memory < 70 GiB (8192 at >= 70 GiB);
+#    _set_default_max_num_seqs_and_batched_tokens_args: if the user gave none, without chunked prefill
+#    max(max_model_len, default), then min(max_num_seqs * max_model_len, that). profile_run() runs
+#    _dummy_run(max_num_tokens) with max_num_tokens = max_num_batched_tokens.
+# What the simulator cannot measure is a STAND-IN, labelled where it is defined: the torch peak of the profile run
+# (profile_activation_bytes_per_token), the non-torch increase (NON_TORCH_STAND_IN_MIB), the CUDA-graph estimate
+# (the field report's VISION_PROBE_GIB), the CUDA context outside the share (CUDA_CONTEXT_STAND_IN_MIB) and the total
+# torch reports for a GPU (TORCH_TOTAL_MIB).
+SERVE_BATCHED_TOKENS = {False: 2048, True: 8192}  # get_batch_defaults, OPENAI_API_SERVER: below / from 70 GiB
+SERVE_MAX_NUM_SEQS = 256
+# STAND-IN: memory_profiling's non_torch_increase (cuBLAS / NCCL workspaces), measured by vLLM, in no source: 512 MiB
+NON_TORCH_STAND_IN_MIB = int(os.environ.get("D3_SIM_NON_TORCH_MIB", "512"))
+# STAND-IN: the CUDA context and NCCL buffers, outside the share (allocated before the init snapshot); no source
+CUDA_CONTEXT_STAND_IN_MIB = 512
+# STAND-IN: torch.cuda.mem_get_info()'s total for a GPU model at nvidia-smi's memory.total. An L4 (23034 MiB in
+# nvidia-smi) is "GPU 0 has a total capacity of 22.03 GiB" in PyTorch's own OOM messages: 22560 MiB
+# (tests/contracts/vllm/gpu-memory.json). Any other GPU: nvidia-smi's total (not known).
+TORCH_TOTAL_MIB = {("NVIDIA L4", 23034): 22560}
+
+
+def torch_total_mib(name: str, nvidia_smi_total_mib: int) -> int:
+    return TORCH_TOTAL_MIB.get((name, nvidia_smi_total_mib), nvidia_smi_total_mib)
+
+
+def serve_max_num_batched_tokens(given: int | None, max_len: int, chunked: bool, total_bytes: int) -> int:
+    """max_num_batched_tokens as `vllm serve` resolves it (arg_utils.py, see above)."""
+    if given is not None:
+        return given
+    tokens = SERVE_BATCHED_TOKENS[total_bytes >= 70 * GIB]
+    if not chunked:
+        tokens = max(max_len, tokens)
+    return min(SERVE_MAX_NUM_SEQS * max_len, tokens)
+
+
+def activations_fp8(config: dict[str, Any], quantization: str | None) -> bool:
+    """The linear layers quantize their input activations to FP8: online --quantization fp8 on an unquantized
+    checkpoint, or a compressed-tensors checkpoint whose input_activations are 8-bit floats (FP8_DYNAMIC)."""
+    present, _ = checkpoint_quantization(config)
+    if not present:
+        return quantization == "fp8"
+    quant = config.get("quantization_config") or config.get("compression_config") or {}
+    for group in (quant.get("config_groups") or {}).values():
+        acts = (group or {}).get("input_activations") or {}
+        if acts.get("type") == "float" and int(acts.get("num_bits") or 0) == 8:
+            return True
+    return False
+
+
+def profile_activation_bytes_per_token(config: dict[str, Any], tp: int, fp8: bool) -> int:
+    """STAND-IN for torch_peak_increase / max_num_batched_tokens: the bytes one token holds at the profile run's peak on
+    one TP rank, read from the Qwen3.5 decoder layer's forward (vllm/model_executor/models/qwen3_5.py,
+    qwen3_next.py): the hidden states and the residual, plus the largest set of tensors one layer holds at once
+    (allocator reuse and torch.compile fusions not simulated)."""
+    c = {**QWEN3_5_DEFAULTS, **text_config(config)}
+    b = DTYPE_BYTES.get(str(c.get("dtype") or c.get("torch_dtype") or "bfloat16"), 2)
+    hidden, inter = int(c["hidden_size"]), int(c.get("intermediate_size", 4 * int(c["hidden_size"])))
+    heads, kv_heads, head_dim = int(c["num_attention_heads"]), int(c["num_key_value_heads"]), int(c["head_dim"])
+    k_dim = int(c["linear_num_key_heads"]) * int(c["linear_key_head_dim"])
+    v_dim = int(c["linear_num_value_heads"]) * int(c["linear_value_head_dim"])
+    q8 = 1 if fp8 else 0
+    # (elements, bytes each) of what one layer kind holds at its peak
+    layer_kinds = {
+        "mlp": [(2 * inter // tp, b), (inter // tp, b), (hidden, b), (hidden, q8), (inter // tp, q8)],
+        "gated_deltanet": [((2 * k_dim + 2 * v_dim) // tp, b), ((2 * k_dim + v_dim) // tp, b), (v_dim // tp, b),
+                           (hidden, b), (hidden, q8)],
+        "full_attention": [(3 * heads * head_dim // tp, b), (2 * max(1, kv_heads // tp) * head_dim, b), (hidden, b),
+                           (hidden, q8)],
+    }
+    stream = 2 * hidden * b  # hidden states + residual
+    return stream + max(sum(n * size for n, size in parts) for parts in layer_kinds.values())
+
+
+def startup_memory(config: dict[str, Any], weight_bytes: int, tp: int, util: float, total_bytes: int, max_len: int,
+                   batched: int | None = None, chunked: bool = False, eager: bool = True, kv_dtype: str = "auto",
+                   kv_cache_memory_bytes: int | None = None, fp8: bool = False, others: int = 0) -> dict[str, Any]:
+    """vLLM's startup accounting on one GPU (torch's total_bytes) for a checkpoint of weight_bytes in GPU memory (all
+    ranks): the pool, the KV layout and the two figures vLLM logs, or why it stops (``stop``: kind and message).
+    ``others``: memory other processes took during the profile run (counted in non_torch_increase by vLLM)."""
+    tokens = serve_max_num_batched_tokens(batched, max_len, chunked, total_bytes)
+    requested = int(total_bytes * util)
+    weights = cdiv(weight_bytes, tp)
+    peak = tokens * profile_activation_bytes_per_token(config, tp, fp8)
+    non_torch = NON_TORCH_STAND_IN_MIB * MIB
+    graphs = 0 if eager else round(VISION_PROBE_GIB * GIB)  # profile_cudagraph_memory: the field report's capture
+    non_kv = weights + peak + non_torch + graphs
+    kv = requested - non_kv - others if kv_cache_memory_bytes is None else kv_cache_memory_bytes
+    layout = kv_layout(config, kv_dtype, tp)
+    out: dict[str, Any] = {"max_num_batched_tokens": tokens, "requested": requested, "weights": weights, "peak": peak,
+                           "non_torch": non_torch, "cudagraph": graphs, "non_kv": non_kv, "kv": kv, "layout": layout,
+                           "stop": None, "tokens": 0, "concurrency": 0.0, "fp8": fp8}
+    conserving = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    in_gpu = non_kv + (0 if kv_cache_memory_bytes is None else kv_cache_memory_bytes)
+    if not chunked and tokens < max_len:
+        out["stop"] = ("ValueError", f"max_num_batched_tokens ({tokens}) is smaller than max_model_len ({max_len}). "
+                       "This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM "
+                       "reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
+    elif in_gpu > total_bytes - CUDA_CONTEXT_STAND_IN_MIB * MIB and graphs and in_gpu - graphs <= total_bytes - \
+            CUDA_CONTEXT_STAND_IN_MIB * MIB:  # profile_cudagraph_memory captures the graphs: that is where it fails
+        out["stop"] = ("torch.OutOfMemoryError", f"CUDA out of memory during CUDA graph capture. Tried to allocate "
+                       f"{VISION_PROBE_GIB:.2f} GiB (fixed vision-encoder profiling allocation). GPU 0 has a total "
+                       f"capacity of {gib(total_bytes)} of which {gib(max(0, total_bytes - in_gpu + graphs))} is free. "
+                       "Use --enforce-eager.")
+    elif in_gpu > total_bytes - CUDA_CONTEXT_STAND_IN_MIB * MIB:
+        out["stop"] = ("torch.OutOfMemoryError", f"CUDA out of memory. GPU 0 has a total capacity of {gib(total_bytes)}"
+                       f" (weights {gib(weights)}, profile run {gib(peak)} at {tokens} tokens, non-torch "
+                       f"{gib(non_torch)}, CUDA graphs {gib(graphs)}"
+                       + ("" if kv_cache_memory_bytes is None else f", KV cache {gib(kv_cache_memory_bytes)}") + ").")
+    elif kv <= 0:
+        out["stop"] = ("ValueError", "No available memory for the cache blocks. Try increasing "
+                       f"`gpu_memory_utilization` when initializing the engine. {conserving}")
+    elif layout.needed_bytes(max_len) > kv:
+        est = layout.estimate_max_model_len(kv, max_len)
+        est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
+        out["stop"] = ("ValueError", f"To serve at least one request with the models's max seq len ({max_len}), "
+                       f"({gib2(layout.needed_bytes(max_len))} GiB KV cache is needed, which is larger than the available "
+                       f"KV cache memory ({gib2(kv)} GiB). {est_msg}Try increasing `gpu_memory_utilization` or "
+                       f"decreasing `max_model_len` when initializing the engine. {conserving}")
+    else:
+        out["tokens"], out["concurrency"] = layout.capacity(kv, max_len)
+    return out
+
+
+def model_weight_bytes(args: argparse.Namespace, model: Model) -> int:
+    """The checkpoint's weights in GPU memory, all ranks: online FP8 halves a BF16 checkpoint; a pre-quantized
+    checkpoint's bytes are what it loads."""
+    return model.bf16_bytes // (2 if args.quantization == "fp8" and model.quant_method is None else 1)
+
+
 # --------------------------------------------------------------------------------------------- startup
 @dataclass
 class Plan:
@@ -670,18 +809,20 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                       f"max_model_len (max_position_embeddings={max_pos} or model_max_length=None in model's "
                       "config.json). To allow overriding this maximum, set the env var "
                       "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.", "vllm/config/model.py")
-    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < max_len:
-        raise SimExit("ValueError", f"max_num_batched_tokens ({args.max_num_batched_tokens}) is smaller than "
-                      f"max_model_len ({max_len}). This effectively limits the maximum sequence length to "
-                      "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
-                      "max_num_batched_tokens or decrease max_model_len.", "vllm/config/scheduler.py")
     if tp > len(gpus):
         raise SimExit("RuntimeError", f"Tensor parallel world size ({tp}) is larger than the number of "
                       f"available GPUs ({len(gpus)}) in this node. Reduce --tensor-parallel-size or make more "
                       "GPUs visible (CUDA_VISIBLE_DEVICES / --device).", "vllm/v1/executor/multiproc_executor.py")
     used = gpus[:tp]
-    total = min(g.total_mib for g in used) * MIB
-    budget = args.gpu_memory_utilization * total
+    # what torch.cuda.mem_get_info() reports as the total (STAND-IN table: TORCH_TOTAL_MIB)
+    total = min(torch_total_mib(g.name, g.total_mib) for g in used) * MIB
+    mem = startup_memory(model.config, model_weight_bytes(args, model), tp, args.gpu_memory_utilization, total, max_len,
+                         batched=args.max_num_batched_tokens, chunked=bool(args.enable_chunked_prefill),
+                         eager=args.enforce_eager, kv_dtype=args.kv_cache_dtype,
+                         kv_cache_memory_bytes=args.kv_cache_memory_bytes, fp8=activations_fp8(model.config, args.quantization))
+    if mem["stop"] and mem["stop"][1].startswith("max_num_batched_tokens"):  # SchedulerConfig, before any engine
+        raise SimExit(*mem["stop"], "vllm/config/scheduler.py")
+    budget = mem["requested"]
     # vLLM Worker.init_device (vllm/v1/worker/gpu_worker.py): a MemorySnapshot of free device memory, then
     #   if self.init_snapshot.free_memory < self.requested_memory: raise ValueError(
     #       f"Free memory on device ({GiB(free)}/{GiB(total)} GiB) on startup is less than desired GPU memory "
@@ -692,31 +833,24 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
     for i, g in enumerate(used):
         free = init_free[g.uuid] * MIB
         if free < budget:
-            raise SimExit("ValueError", f"Free memory on device cuda:{i} ({gib2(free)}/{gib2(g.total_mib * MIB)} "
+            raise SimExit("ValueError", f"Free memory on device cuda:{i} ({gib2(free)}/{gib2(total)} "
                           f"GiB) on startup is less than desired GPU memory utilization "
                           f"({args.gpu_memory_utilization}, {gib2(budget)} GiB). Decrease GPU memory utilization "
                           "or reduce GPU memory used by other processes.", "vllm/v1/worker/gpu_worker.py")
     log("INFO", "gpu_model_runner.py:2602", f"Starting to load model {model.repo}...")
-    # online FP8 halves a BF16 checkpoint; a pre-quantized checkpoint's bytes are what it loads
-    weights = model.bf16_bytes / (2 if args.quantization == "fp8" and model.quant_method is None else 1) / tp
-    overhead = RUNTIME_OVERHEAD_GIB * GIB
+    weights = mem["weights"]
+    overhead = mem["peak"] + mem["non_torch"] + mem["cudagraph"]
     # the CUDA context and the weights now live on the GPU(s)
     CLAIM.set({g.uuid: int(min(weights + overhead, budget) // MIB) for g in used})
     sleep(0.5)
-    if weights > budget - overhead * 0.5:
-        raise SimExit("torch.OutOfMemoryError", f"CUDA out of memory. Tried to allocate {gib(weights * 0.1)}. "
-                      f"GPU 0 has a total capacity of {gib(total)} of which {gib(max(0, budget - weights * 0.9))} "
-                      f"is free. Including non-PyTorch memory, this process has {gib(weights * 0.9)} memory in "
-                      "use (weights of the simulated model do not fit the --gpu-memory-utilization budget).",
-                      "torch/cuda/memory.py")
-    log("INFO", "gpu_model_runner.py:2650", f"Model loading took {gib(weights)} and {RUNTIME_OVERHEAD_GIB:.1f} GiB "
-        f"runtime overhead per GPU (TP={tp}, quantization={args.quantization}; the overhead is a simulator stand-in "
-        "for the profile run's activation peak and non-torch memory)")
-    if weights + overhead > budget:
-        raise SimExit("torch.OutOfMemoryError", f"CUDA out of memory. Tried to allocate {gib(overhead)}. GPU 0 "
-                      f"has a total capacity of {gib(total)} of which {gib(max(0, budget - weights))} is free "
-                      f"(weights {gib(weights)} + runtime overhead {gib(overhead)} exceed "
-                      f"{args.gpu_memory_utilization} x {gib(total)}).", "torch/cuda/memory.py")
+    log("INFO", "gpu_model_runner.py:2650", f"Model loading took {gib(weights)} per GPU (TP={tp}, "
+        f"quantization={args.quantization})")
+    if not args.enforce_eager:  # profile_cudagraph_memory (default since v0.21) captures during the profile
+        log("INFO", "gpu_model_runner.py:3420", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
+            "profiling the vision encoder")
+        sleep(0.15)
+    if mem["stop"] and mem["stop"][0] == "torch.OutOfMemoryError":
+        raise SimExit(*mem["stop"], "torch/cuda/memory.py")
     # Worker.determine_available_memory: memory_profiling() around a profile run, then
     #   # NOTE(woosuk): Here we assume that the other processes using the same GPU did not change their memory
     #   # usage during the profiling.
@@ -737,11 +871,14 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                           "while vLLM is profiling during initialization. To fix this, ensure consistent GPU memory "
                           "allocation or isolate vLLM in its own container.", "vllm/v1/worker/gpu_worker.py")
         others = max(others, (init_free[g.uuid] - after_free[g.uuid] - mine) * MIB)
-    if others > 0:
+    if others > 0 and args.kv_cache_memory_bytes is None:
         log("INFO", "gpu_worker.py:290", f"Memory profiling: {gib(others)} more in use on the device than this "
             "process allocated (another process allocated during profiling; charged to this instance)")
-    kv_avail = int(budget - weights - overhead - others)
-    layout = kv_layout(model.config, args.kv_cache_dtype, tp)
+        mem = startup_memory(model.config, model_weight_bytes(args, model), tp, args.gpu_memory_utilization, total,
+                             max_len, args.max_num_batched_tokens, bool(args.enable_chunked_prefill), args.enforce_eager,
+                             args.kv_cache_dtype, None, mem["fp8"], others)
+    kv_avail = mem["kv"]
+    layout = mem["layout"]
     if layout.state_groups and layout.block_size > KV_ALIGNMENT:
         log("INFO", "interface.py:904", f"Setting attention block size to {layout.block_size} tokens to ensure that "
             "attention page size is >= mamba page size.")
@@ -749,21 +886,15 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
         log("INFO", "interface.py:926", f"Padding mamba page size by "
             f"{100 * (layout.page_bytes - layout.state_page_bytes) / layout.state_page_bytes:.2f}% to ensure that "
             "mamba page size and attention page size are exactly equal.")
-    log("INFO", "gpu_worker.py:298", f"Available KV cache memory: {kv_avail / GIB:.2f} GiB")
-    conserving = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
-    if kv_avail <= 0:
-        raise SimExit("ValueError", "No available memory for the cache blocks. Try increasing "
-                      f"`gpu_memory_utilization` when initializing the engine. {conserving}",
-                      "vllm/v1/core/kv_cache_utils.py")
-    need = layout.needed_bytes(max_len)
-    if need > kv_avail:
-        est = layout.estimate_max_model_len(kv_avail, max_len)
-        est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
-        raise SimExit("ValueError", f"To serve at least one request with the models's max seq len ({max_len}), "
-                      f"({gib2(need)} GiB KV cache is needed, which is larger than the available KV cache memory "
-                      f"({gib2(kv_avail)} GiB). {est_msg}Try increasing `gpu_memory_utilization` or decreasing "
-                      f"`max_model_len` when initializing the engine. {conserving}", "vllm/v1/core/kv_cache_utils.py")
-    kv_tokens, concurrency = layout.capacity(kv_avail, max_len)
+    if args.kv_cache_memory_bytes is not None:
+        log("INFO", "gpu_worker.py:280", f"Initial free memory {min(init_free.values()) * MIB / GIB:.2f} GiB, reserved "
+            f"{kv_avail / GIB:.2f} GiB memory for KV Cache as specified by kv_cache_memory_bytes config and skipped "
+            "memory profiling. This does not respect the gpu_memory_utilization config.")
+    else:
+        log("INFO", "gpu_worker.py:298", f"Available KV cache memory: {kv_avail / GIB:.2f} GiB")
+    if mem["stop"]:
+        raise SimExit(*mem["stop"], "vllm/v1/core/kv_cache_utils.py")
+    kv_tokens, concurrency = mem["tokens"], mem["concurrency"]
     # the KV cache takes the rest of the budget: the process now holds --gpu-memory-utilization x total per GPU
     CLAIM.set({g.uuid: int(budget // MIB) for g in used})
     log("INFO", "kv_cache_utils.py:1252", f"GPU KV cache size: {kv_tokens:,} tokens")
@@ -771,15 +902,6 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
     if args.enforce_eager:
         log("INFO", "core.py:210", "CUDA graphs disabled (--enforce-eager); skipping graph capture")
     else:
-        log("INFO", "gpu_model_runner.py:3420", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
-            "profiling the vision encoder")
-        sleep(0.15)
-        if total <= GRAPH_CAPTURE_LIMIT_GIB * GIB:
-            raise SimExit("torch.OutOfMemoryError", f"CUDA out of memory during CUDA graph capture. Tried to "
-                          f"allocate {VISION_PROBE_GIB:.2f} GiB (fixed vision-encoder profiling allocation). "
-                          f"GPU 0 has a total capacity of {gib(total)} of which "
-                          f"{gib(max(0, total - weights - overhead))} is free. Use --enforce-eager on GPUs with "
-                          f"<= {GRAPH_CAPTURE_LIMIT_GIB:.0f} GiB.", "vllm/v1/worker/gpu_model_runner.py")
         log("INFO", "gpu_model_runner.py:3480", "Graph capturing finished.")
     return Plan(max_len, kv_tokens, weights / GIB, kv_avail / GIB)
 

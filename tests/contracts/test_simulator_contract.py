@@ -447,11 +447,12 @@ def start_plan(sim: ModuleType, monkeypatch: pytest.MonkeyPatch, argv: list[str]
 
 def test_startup_logs_vllms_two_lines(sim: ModuleType, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """The field report's recipe: d3 BF16 checkpoint, online FP8, TP 2, 0.95, 8192. Pool = 0.95 x 23034 MiB -
-    52.2 GB / 2 / 2 - 1.5 GiB (the stand-in overhead); vLLM's layout of it, logged in vLLM's words."""
+    """The field report's recipe: d3 BF16 checkpoint, online FP8, TP 2, 0.95, 8192. Pool = 0.95 x the L4's 22.03 GiB
+    (22560 MiB, torch's total) - 52.2 GB / 2 / 2 of weights - the profile run's 8192 tokens x 96768 B - the 512 MiB
+    non-torch stand-in; vLLM's layout of it, logged in vLLM's words."""
     plan = start_plan(sim, monkeypatch, ["-tp", "2", "--quantization", "fp8", "--gpu-memory-utilization", "0.95",
                                          "--max-model-len", "8192", "--enforce-eager"], "d3", 52_200_000_000, 2)
-    pool = int(0.95 * 23034 * 2**20 - 52_200_000_000 / 4 - 1.5 * GIB)
+    pool = int(22560 * 2**20 * 0.95) - 52_200_000_000 // 4 - 8192 * 96768 - 512 * 2**20
     blocks = pool // 1_605_632 // 16
     assert plan.kv_tokens == blocks // 4 * 784
     out = capsys.readouterr().out
@@ -462,12 +463,13 @@ def test_startup_logs_vllms_two_lines(sim: ModuleType, monkeypatch: pytest.Monke
 
 def test_refuses_a_pool_that_cannot_hold_one_sequence_like_vllm(sim: ModuleType,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same recipe at the default 262144 positions: vLLM's _check_enough_kv_cache_memory message, verbatim."""
+    """The recipe at 0.9 and the default 262144 positions with chunked prefill (a 2048-token profile run): vLLM's
+    _check_enough_kv_cache_memory message, verbatim."""
     with pytest.raises(sim.SimExit) as err:
-        start_plan(sim, monkeypatch, ["-tp", "2", "--quantization", "fp8", "--gpu-memory-utilization", "0.95",
-                                      "--enforce-eager"], "d3", 52_200_000_000, 2)
+        start_plan(sim, monkeypatch, ["-tp", "2", "--quantization", "fp8", "--gpu-memory-utilization", "0.9",
+                                      "--enforce-eager", "--enable-chunked-prefill"], "d3", 52_200_000_000, 2)
     lay = sim.kv_layout(ARCH["d3"]["config"], "auto", 2)
-    pool = int(0.95 * 23034 * 2**20 - 52_200_000_000 / 4 - 1.5 * GIB)
+    pool = int(22560 * 2**20 * 0.9) - 52_200_000_000 // 4 - 2048 * 96768 - 512 * 2**20
     est = lay.estimate_max_model_len(pool, 262144)
     assert err.value.exc_type == "ValueError" and err.value.code == 1
     assert err.value.message == (
@@ -476,8 +478,8 @@ def test_refuses_a_pool_that_cannot_hold_one_sequence_like_vllm(sim: ModuleType,
         f"Based on the available memory, the estimated maximum model length is {est}. Try increasing "
         "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. See "
         "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
-    with pytest.raises(sim.SimExit) as none:  # weights + overhead take the whole budget: no pool at all
+    with pytest.raises(sim.SimExit) as none:  # weights + profile + non-torch take the whole budget: no pool
         start_plan(sim, monkeypatch, ["--gpu-memory-utilization", "0.5", "--max-model-len", "8192",
-                                      "--enforce-eager"], "d3-mini", int(0.5 * 23034 * 2**20 - 1.5 * GIB))
+                                      "--enforce-eager"], "d3-mini", int(0.5 * 22560 * 2**20 - 512 * 2**20))
     assert none.value.message.startswith("No available memory for the cache blocks. Try increasing "
                                          "`gpu_memory_utilization` when initializing the engine. See https://")

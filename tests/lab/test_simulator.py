@@ -39,6 +39,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "lab" / "simulator"
 IMAGE = "localhost/d3-vllm-sim"
 L4_MIB = 23034
+TORCH_L4_MIB = 22560  # what torch.cuda.mem_get_info() reports for an L4 (tests/contracts/vllm/gpu-memory.json)
+
+
+def share_mib(util: float) -> int:
+    """The simulator's share of an L4 as vLLM takes it: util x torch's total, in whole MiB."""
+    return int(TORCH_L4_MIB * 2**20 * util) // 2**20
 NVIDIA_SRC = ROOT / "lab" / "nvidia" / "src" / "lab-nvidia-driver"
 LITE_REV = "b" * 40
 D3_REV = "c" * 40
@@ -432,7 +438,7 @@ def test_model_missing_offline(simr: Sim, args: list[str]) -> None:
 
 @lab
 def test_weights_over_memory_ooms(simr: Sim) -> None:
-    # d3 27B FP8 on ONE L4: ~24.3 GiB of weights > 0.95 x 22.49 GiB
+    # d3 27B FP8 on ONE L4: ~24.3 GiB of weights > 22.03 GiB (torch's total)
     r = simr.run(["--model", "vllm-sr/d3", "--revision", D3_REV, "--quantization", "fp8", "--enforce-eager",
                   "--gpu-memory-utilization", "0.95", "--max-model-len", "8192"])
     assert r.rc == 1
@@ -441,8 +447,9 @@ def test_weights_over_memory_ooms(simr: Sim) -> None:
 
 @lab
 def test_kv_cache_over_memory_at_default_max_model_len(simr: Sim) -> None:
-    # field-report recipe without --max-model-len: 262144 positions of KV do not fit next to the weights
-    r = simr.run(D3_TP2, gpus=2)
+    # field-report recipe without --max-model-len, at 0.9 and with chunked prefill (a 2048-token profile run, so that
+    # the profile itself fits): 262144 positions of KV do not fit next to the weights
+    r = simr.run([*D3_TP2, "--gpu-memory-utilization", "0.9", "--enable-chunked-prefill"], gpus=2)
     assert r.rc == 1
     assert "ValueError: To serve at least one request with the models's max seq len (262144)" in r.out
     assert "estimated maximum model length is" in r.out
@@ -649,7 +656,7 @@ def test_memory_held_while_running_and_freed_when_the_process_dies(simr: Sim, st
     port = free_port()
     name = simr.start([*LITE, "--gpu-memory-utilization", "0.45"], port, standin=standin, first_gpu=1)
     simr.wait_healthy(name, port)
-    budget = int(0.45 * L4_MIB)
+    budget = share_mib(0.45)
     assert smi_used(standin) == {0: 0, 1: budget, 2: 0, 3: 0}
     # inside another container on the same "host" it is the same
     inside = podman("run", "--rm", "-v", f"{standin / 'nvidia-smi'}:/usr/bin/nvidia-smi:ro",
@@ -669,9 +676,9 @@ def test_shares_summing_to_one_cannot_both_start(simr: Sim, standin: Path) -> No
     simr.wait_healthy(first, port)
     r = simr.run([*LITE, "--gpu-memory-utilization", "0.5", "--port", str(free_port())], standin=standin)
     assert r.rc == 1, r.out
-    free = (L4_MIB - 434 - int(0.5 * L4_MIB)) * 2**20
-    want = (f"ValueError: Free memory on device cuda:0 ({round(free / 2**30, 2)}/{round(L4_MIB / 1024, 2)} GiB) "
-            f"{FREE_TEXT} (0.5, {round(0.5 * L4_MIB / 1024, 2)} GiB). Decrease GPU memory utilization or reduce GPU "
+    free = (L4_MIB - 434 - share_mib(0.5)) * 2**20
+    want = (f"ValueError: Free memory on device cuda:0 ({round(free / 2**30, 2)}/{round(TORCH_L4_MIB / 1024, 2)} GiB) "
+            f"{FREE_TEXT} (0.5, {round(int(0.5 * TORCH_L4_MIB * 2**20) / 2**30, 2)} GiB). Decrease GPU memory utilization or reduce GPU "
             "memory used by other processes.")
     assert want in r.out
 
@@ -683,7 +690,7 @@ def test_two_at_045_start_one_after_the_other(simr: Sim, standin: Path) -> None:
     for port in ports:
         names.append(simr.start([*LITE, "--gpu-memory-utilization", "0.45"], port, standin=standin))
         simr.wait_healthy(names[-1], port)
-    assert smi_used(standin)[0] == 2 * int(0.45 * L4_MIB)
+    assert smi_used(standin)[0] == 2 * share_mib(0.45)
     for port in ports:
         assert http("GET", f"http://127.0.0.1:{port}/v1/models")[0] == 200
 

@@ -68,7 +68,8 @@ BOOLEAN_FLAGS = {
 }
 # Flags the planner reads or owns: an extra_args flag naming one of them, exactly or by a unique prefix as vLLM's
 # parser allows, is that flag (d3_inputs.canonical_flag).
-KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype", "--max-num-batched-tokens")
+KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype", "--max-num-batched-tokens",
+               "--kv-cache-memory-bytes")  # fmt: skip
 NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
 SHA_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "served_name", "extra_args", "env"}
@@ -82,13 +83,23 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # HybridAttentionMambaModelConfig.verify_and_update_config (vllm/model_executor/models/config.py): FlashAttention
 # block sizes are multiples of 16 (Blackwell's head-size-256 case, 32, does not apply to an L4).
 KERNEL_BLOCK_ALIGNMENT = 16
-# vllm/utils/__init__.py: DEFAULT_MAX_NUM_BATCHED_TOKENS, POOLING_MODEL_MAX_NUM_BATCHED_TOKENS,
-# MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS; SchedulerConfig raises max_num_batched_tokens to each that applies. D3 is
-# a pooling model (classify) and multimodal, so without chunked prefill its profile run takes max(max_model_len, 32768)
-# tokens.
+# EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py): `vllm serve` (UsageContext.OPENAI_API_SERVER) defaults
+# max_num_batched_tokens to 2048 on a GPU below 70 GiB (8192 at 70 GiB and more, A100s excepted: not modelled) and
+# max_num_seqs to 256; _set_default_max_num_seqs_and_batched_tokens_args raises the default to max_model_len when
+# chunked prefill is off and caps it at max_num_seqs x max_model_len. An explicit --max-num-batched-tokens is kept.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-POOLING_MODEL_MAX_NUM_BATCHED_TOKENS = 32768
-MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS = 5120
+LARGE_GPU_MAX_NUM_BATCHED_TOKENS = 8192
+LARGE_GPU_MIB = 70 * 1024
+DEFAULT_MAX_NUM_SEQS = 256
+# vllm/config/cache.py CacheDType (vllm-project/vllm commit 002f10e0): the --kv-cache-dtype values vLLM's parser
+# accepts. The first three store the KV cache unquantized (2 bytes for D3's BF16); every other one is a quantized KV
+# cache, which D3's encoder attention refuses on the first request that reaches it (the field report, domain-facts 2.4).
+VLLM_KV_CACHE_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head",
+    "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)  # fmt: skip
+UNQUANTIZED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
 # The field report's fixed vision-encoder allocation at CUDA graph capture (skipped by --enforce-eager): "18.4 GB"
 # beside "Model weights: 13.0 GB", which is vLLM's "Model loading took 13.0 GiB": GiB, as vLLM logs.
 ENCODER_PROBE_GIB = 18.4
@@ -196,6 +207,28 @@ def _gib(value: int) -> str:
     return f"{value / GIB:.2f}"
 
 
+def parse_bytes(text: Any) -> int:
+    """vLLM's human_readable_int (vllm/engine/arg_utils.py), the type of --kv-cache-memory-bytes: a plain integer, or a
+    number with a decimal (k, m, g, t) or binary (K, M, G, T; whole numbers only) suffix. Raises ValueError."""
+    value = str(text).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match is None:
+        return int(value)
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 1000 ** "kmgt".index(suffix) * 1000)
+    return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
+
+
+def default_batched_tokens(max_len: int, chunked: bool, gpu_total_mib: int) -> int:
+    """max_num_batched_tokens as `vllm serve` sets it when --max-num-batched-tokens is not given (EngineArgs.
+    get_batch_defaults and _set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py)."""
+    batched = LARGE_GPU_MAX_NUM_BATCHED_TOKENS if gpu_total_mib >= LARGE_GPU_MIB else DEFAULT_MAX_NUM_BATCHED_TOKENS
+    if not chunked:  # "If max_model_len is too short, use the default for higher throughput."
+        batched = max(max_len, batched)
+    return min(DEFAULT_MAX_NUM_SEQS * max_len, batched)
+
+
 def kv_cache_figures(
     arch: dict[str, Any],
     flags: dict[str, Any],
@@ -205,16 +238,17 @@ def kv_cache_figures(
     non_torch_mib: int = NON_TORCH_MIB,
     cuda_context_mib: int = CUDA_CONTEXT_MIB,
 ) -> dict[str, Any]:
-    """What vLLM computes at startup for a hybrid Qwen3.5 (D3) model on one GPU of ``gpu_total_mib`` at tensor
-    parallel size ``tp``: the KV cache spec (attention block size, page size, groups), the memory the profile run
-    leaves to the KV cache, and the two figures vLLM logs, ``GPU KV cache size: N tokens`` and ``Maximum concurrency
-    for N tokens per request: Xx``; or the refusal vLLM would raise (``refusal``: kind and vLLM's message).
+    """What vLLM computes at startup for a hybrid Qwen3.5 (D3) model on one GPU whose total, as vLLM sees it
+    (torch.cuda.mem_get_info, vllm_total_mib), is ``gpu_total_mib``, at tensor parallel size ``tp``: the KV cache spec
+    (attention block size, page size, groups), the memory the profile run leaves to the KV cache, and the two figures
+    vLLM logs, ``GPU KV cache size: N tokens`` and ``Maximum concurrency for N tokens per request: Xx``; or the refusal
+    vLLM would raise (``refusal``: kind and vLLM's message).
 
     ``arch``: the catalog's ``architecture`` (``text``: config.json text_config numbers). ``flags``: vLLM flag values,
     ``--max-model-len`` and ``--gpu-memory-utilization`` (required), ``--enforce-eager``, ``--max-num-batched-tokens``,
-    ``--enable-chunked-prefill``, ``--quantization``; ``fp8_activations`` (not a flag: the checkpoint quantizes
-    activations to FP8, as --quantization fp8 does). ``weights_mib``: the whole checkpoint's weights in GPU memory.
-    Each term's source is in docs/capacity.md."""
+    ``--enable-chunked-prefill``, ``--kv-cache-memory-bytes`` (bytes), ``--quantization``; ``fp8_activations`` (not a
+    flag: the checkpoint quantizes activations to FP8, as --quantization fp8 does). ``weights_mib``: the whole
+    checkpoint's weights in GPU memory. Each term's source is in docs/capacity.md."""
     text = arch["text"]
     layers = int(text["num_hidden_layers"])
     full = layers // int(text["full_attention_interval"])
@@ -248,10 +282,7 @@ def kv_cache_figures(
     util = float(flags["--gpu-memory-utilization"])
     chunked = bool(flags.get("--enable-chunked-prefill"))
     batched = flags.get("--max-num-batched-tokens")
-    if batched is None:  # SchedulerConfig's default: no chunked prefill -> at least max_model_len
-        batched = max(0 if chunked else max_len, DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                      POOLING_MODEL_MAX_NUM_BATCHED_TOKENS, MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS)  # fmt: skip
-    batched = int(batched)
+    batched = default_batched_tokens(max_len, chunked, int(gpu_total_mib)) if batched is None else int(batched)
     # the profile run's activation peak per token on one GPU: the residual stream plus the largest layer transient
     hidden, inter = int(text["hidden_size"]), int(text["intermediate_size"])
     q8 = 1 if flags.get("fp8_activations", flags.get("--quantization") == "fp8") else 0
@@ -261,12 +292,18 @@ def kv_cache_figures(
     heads = int(text["num_attention_heads"])
     attn = (3 * heads * head_dim // tp + 2 * kv_heads * head_dim + hidden) * dtype + hidden * q8
     per_token = residual + max(mlp, gdn, attn)
-    peak_mib = _cdiv(batched * per_token, MIB)
-    probe_mib = 0 if flags.get("--enforce-eager", True) else _cdiv(round(ENCODER_PROBE_GIB * GIB), MIB)
-    weights = _cdiv(int(weights_mib), tp)
+    # in bytes, as vLLM counts them (the MiB figures below are for reading, rounded up)
+    peak = batched * per_token
+    # without --enforce-eager: the CUDA-graph term, the field report's fixed vision-encoder allocation at capture
+    probe = 0 if flags.get("--enforce-eager", True) else round(ENCODER_PROBE_GIB * GIB)
+    weights_bytes = _cdiv(int(weights_mib) * MIB, tp)
+    non_kv = weights_bytes + peak + int(non_torch_mib) * MIB + probe
+    peak_mib, probe_mib, weights = _cdiv(peak, MIB), _cdiv(probe, MIB), _cdiv(int(weights_mib), tp)
     non_kv_mib = weights + peak_mib + int(non_torch_mib) + probe_mib
-    requested = int(gpu_total_mib * MIB * util)  # init_snapshot.total_memory * gpu_memory_utilization
-    available = requested - non_kv_mib * MIB  # determine_available_memory: requested - non_kv_cache_memory
+    requested = int(gpu_total_mib * MIB * util)  # request_memory: init_snapshot.total_memory * gpu_memory_utilization
+    fixed = flags.get("--kv-cache-memory-bytes")
+    # determine_available_memory: --kv-cache-memory-bytes as given (no profiling), else requested - non_kv_cache_memory
+    available = requested - non_kv if fixed is None else int(fixed)
     per_seq_blocks = attn_groups * _cdiv(max_len, block_size) + mamba_groups
     needed = group_size * page * per_seq_blocks  # _max_memory_usage_bytes_from_groups
     num_blocks = max(available, 0) // page // group_size  # get_num_blocks
@@ -280,12 +317,14 @@ def kv_cache_figures(
         "group_size": group_size,
         "max_num_batched_tokens": batched,
         "activation_bytes_per_token": per_token,
+        "gpu_total_mib": int(gpu_total_mib),
         "weights_mib": weights,
         "activation_peak_mib": peak_mib,
         "non_torch_mib": int(non_torch_mib),
         "encoder_probe_mib": probe_mib,
         "non_kv_mib": non_kv_mib,
         "requested_mib": requested // MIB,
+        "kv_cache_memory_bytes": fixed,
         "kv_pool_mib": num_blocks * page * group_size // MIB,
         "sequence_mib": _cdiv(needed, MIB),
         "num_gpu_blocks": num_blocks,
@@ -294,10 +333,14 @@ def kv_cache_figures(
         "estimated_max_model_len": estimated,
         "refusal": None,
     }
+    # the GPU holds the profile run (and a fixed KV cache) beside the CUDA context, or torch runs out of memory
+    in_gpu = non_kv + (0 if fixed is None else int(fixed))
     if not chunked and batched < max_len:
         figures["refusal"] = {"kind": "batched_tokens", "message": f"max_num_batched_tokens ({batched}) is smaller than "
-                              f"max_model_len ({max_len})"}  # fmt: skip
-    elif non_kv_mib > int(gpu_total_mib) - int(cuda_context_mib):
+                              f"max_model_len ({max_len}). This effectively limits the maximum sequence length to "
+                              "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+                              "max_num_batched_tokens or decrease max_model_len."}  # fmt: skip
+    elif in_gpu > (int(gpu_total_mib) - int(cuda_context_mib)) * MIB:
         figures["refusal"] = {"kind": "profile_oom", "message": "torch.OutOfMemoryError: CUDA out of memory"}
     elif available <= 0:
         figures["refusal"] = {"kind": "no_kv_memory", "message": "No available memory for the cache blocks. Try "
@@ -312,6 +355,18 @@ def kv_cache_figures(
             "increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
         }
     return figures
+
+
+def vllm_total_mib(gpu: dict[str, Any], gpu_models: dict[str, Any] | None) -> int:
+    """A GPU's total memory as vLLM sees it (torch.cuda.mem_get_info, the base of --gpu-memory-utilization): the
+    catalog's figure (d3_catalog_common.gpu_models, with its source) for a GPU model it knows at nvidia-smi's
+    memory.total; nvidia-smi's memory.total otherwise (not known: docs/capacity.md)."""
+    mib = int(gpu["memory_total_mib"])
+    for word in str(gpu["name"]).split():
+        known = (gpu_models or {}).get(word)
+        if known and int(known["nvidia_smi_total_mib"]) == mib:
+            return int(known["vllm_total_mib"])
+    return mib
 
 
 def host_gpus(count: int, memory_mib: int, name: str) -> list[dict[str, Any]]:
@@ -429,13 +484,31 @@ class _Planner:
             )
             return None
         kv = dict(extra).get("--kv-cache-dtype")
-        if kv is not None and kv in self.common["forbidden_kv_cache_dtypes"]:
+        if kv is not None and kv not in VLLM_KV_CACHE_DTYPES:
             self.refuse(
                 where,
-                f"--kv-cache-dtype {kv} crashes D3 on the first request that reaches encoder attention "
-                "('quantized KV cache is not supported for encoder attention')",
+                f"--kv-cache-dtype {kv} is not one of vLLM's KV cache dtypes: vLLM's argument parser refuses it "
+                f"(\"argument --kv-cache-dtype: invalid choice: '{kv}'\", vllm/config/cache.py CacheDType)",
+                f"remove --kv-cache-dtype from d3_models[{pos}].extra_args (auto: the model's BF16)",
+            )
+        elif kv is not None and kv not in UNQUANTIZED_KV_CACHE_DTYPES:
+            self.refuse(
+                where,
+                f"--kv-cache-dtype {kv} is a quantized KV cache, which crashes D3 on the first request that reaches "
+                "encoder attention ('quantized KV cache is not supported for encoder attention')",
                 f"remove --kv-cache-dtype from d3_models[{pos}].extra_args",
             )
+        if "--enable-prefix-caching" in dict(extra):
+            chunked_on = "--enable-chunked-prefill" in dict(extra)
+            self.refuse(
+                where,
+                "--enable-prefix-caching on a Gated DeltaNet hybrid selects vLLM's mamba cache mode 'align', "
+                + ("whose block size and per-request state blocks the planner does not model (docs/capacity.md)"
+                   if chunked_on else "which D3 cannot start with, chunked prefill being off: vLLM refuses at startup "
+                   "with 'Chunked prefill is required for mamba cache mode 'align'.' "
+                   "(vllm/model_executor/models/config.py)"),
+                f"remove --enable-prefix-caching from d3_models[{pos}].extra_args",
+            )  # fmt: skip
         if not eager and not self.opt.allow_cuda_graphs:
             self.refuse(
                 where,
@@ -452,6 +525,17 @@ class _Planner:
             return None
         if tp < 1:
             self.refuse(where, f"--tensor-parallel-size {tp} is below 1", "use 1 or more")
+            return None
+        heads = int(entry["architecture"]["text"]["num_attention_heads"])
+        if heads % tp:
+            # ModelConfig.verify_with_parallel_config (vllm/config/model.py)
+            self.refuse(
+                where,
+                f"vLLM refuses to start: 'Total number of attention heads ({heads}) must be divisible by tensor "
+                f"parallel size ({tp}).'",
+                f"set --tensor-parallel-size to one of {', '.join(str(t) for t in range(1, heads + 1) if heads % t == 0)} "
+                f"in d3_models[{pos}].extra_args",
+            )
             return None
         length_ok = 1 <= max_len <= int(self.common["max_position_embeddings"])
         if not length_ok:
@@ -473,23 +557,25 @@ class _Planner:
         extra_flags = dict(extra)
         try:
             batched = extra_flags.get("--max-num-batched-tokens")
-            batched = None if batched is None else int(str(batched))
+            batched = None if batched is None else parse_bytes(batched)
+            fixed = extra_flags.get("--kv-cache-memory-bytes")
+            fixed = None if fixed is None else parse_bytes(fixed)
         except ValueError as exc:
-            self.refuse(where, f"--max-num-batched-tokens in extra_args does not parse ({exc})", "give a number")
+            self.refuse(where, f"--max-num-batched-tokens or --kv-cache-memory-bytes in extra_args does not parse ({exc})",
+                        "give a number (e.g. 8192, 8k or 4G)")  # fmt: skip
             return None
-        # the encoder probe counts for a variant other than the size's default (nobody ran those on an L4); the
-        # default recipe keeps d3_allow_cuda_graphs as the operator's acknowledgement
         vllm_flags = {
             "--max-model-len": max_len,
             "--gpu-memory-utilization": util,
-            "--enforce-eager": eager or bool(measured) or not variant["chosen"],
+            "--enforce-eager": eager,
             "--quantization": flags["--quantization"],
             "--max-num-batched-tokens": batched,
+            "--kv-cache-memory-bytes": fixed,
             "--enable-chunked-prefill": "--enable-chunked-prefill" in extra_flags,
             "fp8_activations": flags["--quantization"] == "fp8" or variant["activations"] == "fp8",
         }
-        min_mem = min((int(g["memory_total_mib"]) for g in self.gpus), default=0)
-        figures = self.figures(entry, vllm_flags, min_mem or int(self.common.get("l4_memory_mib", 0)), tp, weights_mib)
+        min_mem = min((vllm_total_mib(g, self.common.get("gpu_models")) for g in self.gpus), default=0)
+        figures = self.figures(entry, vllm_flags, min_mem or self.default_total(), tp, weights_mib)
         short = self.memory_shortfall(figures, max_len)
         if self.gpus and short and length_ok:
             self.refuse(
@@ -615,10 +701,13 @@ class _Planner:
             for gpu in self.gpus:
                 have = self.compute_capability(gpu)
                 if have is None or have < float(need):
+                    # a policy floor above what vLLM needs says so: vLLM would run it, the catalog does not plan it
+                    floor = (f"is planned on compute capability {need} and newer only (policy: {raw['policy']})"
+                             if raw.get("policy") else f"needs compute capability {need}"
+                             + (f" ({raw['requires']})" if raw.get("requires") else ""))  # fmt: skip
                     self.refuse(
                         where,
-                        f"variant {name!r} ({hf_repo}) needs compute capability {need}"
-                        + (f" ({raw['requires']})" if raw.get("requires") else "")
+                        f"variant {name!r} ({hf_repo}) {floor}"
                         + f"; GPU {gpu['index']} is a {gpu['name']}"
                         + (f" (compute capability {have})" if have is not None else " (compute capability unknown)"),
                         f"choose another variant for d3_models[{pos}].variant: "
@@ -631,6 +720,11 @@ class _Planner:
                     )
                     return None
         return resolved
+
+    def default_total(self) -> int:
+        """vLLM's total of the catalog's L4 (no GPU declared or found)."""
+        l4 = {"name": "L4", "memory_total_mib": int(self.common.get("l4_memory_mib", 0))}
+        return vllm_total_mib(l4, self.common.get("gpu_models"))
 
     def figures(self, entry: dict[str, Any], flags: dict[str, Any], total_mib: int, tp: int, weights_mib: int) -> dict[str, Any]:
         """kv_cache_figures for a catalog entry on a GPU of total_mib (d3_vram_overhead_mib: the non-torch margin)."""
@@ -709,7 +803,7 @@ class _Planner:
             fixes.append(f"set --tensor-parallel-size={size} ({size} GPUs; the host has {len(self.gpus)})")
         batched = flags["--max-num-batched-tokens"]
         if batched is not None and batched < flags["--max-model-len"] and not flags["--enable-chunked-prefill"]:
-            fixes.insert(0, "remove --max-num-batched-tokens (vLLM then takes max(--max-model-len, 32768))")
+            fixes.insert(0, "remove --max-num-batched-tokens (vLLM then takes --max-model-len)")
         fix = f"in d3_models[{pos}].extra_args " + ", or ".join(fixes) if fixes else f"pick a smaller model or variant for d3_models[{pos}]"
         return fix + ("" if flags["--enforce-eager"] else "; or keep --enforce-eager (remove --no-enforce-eager)")
 
@@ -785,7 +879,8 @@ class _Planner:
         fix = f"move d3_models[{inst['pos']}] to another GPU (its `gpus:`) or host"
         if util > 0:
             fig = self.figures(self.catalog[inst["model"]], {**inst["vllm_flags"], "--gpu-memory-utilization": util},
-                               min(self.memory(g) for g in gpus), inst["tp"], inst["weights_mib"])  # fmt: skip
+                               min(vllm_total_mib(g, self.common.get("gpu_models")) for g in self.gpus if int(g["index"]) in gpus),
+                               inst["tp"], inst["weights_mib"])  # fmt: skip
             if self.starts(fig):
                 return f"set --gpu-memory-utilization={_fmt(util)} in d3_models[{inst['pos']}].extra_args (what is left), or " + fix
             fix += (

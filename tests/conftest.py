@@ -18,6 +18,12 @@ import tiers  # noqa: E402  (tests/ on sys.path first)
 tiers.install()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _test_doubles_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The tier guard's test doubles are executables under this session's temporary directory only."""
+    tiers.set_doubles_root(tmp_path_factory.getbasetemp())
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

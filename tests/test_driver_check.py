@@ -61,4 +61,4 @@ def test_driver_branch(version: object, branch: int) -> None:
 
 
 def test_the_filter_is_registered() -> None:
-    assert FilterModule().filters() == {"d3_driver_problems": driver_problems}
+    assert FilterModule().filters()["d3_driver_problems"] is driver_problems

@@ -126,3 +126,33 @@ def test_a_host_with_three_mistakes_is_refused_with_all_three_and_its_plan_so_fa
     assert "Fix: in d3_models[0].extra_args set --max-model-len=" in out
     for host in hosts:
         assert "failed=1" in out.split(f"{host} : ", 1)[1].split("ignored=")[0], host
+
+
+def test_the_fleet_is_refused_before_anything_when_a_router_or_the_monitor_is_left_out(tmp_path: Path) -> None:
+    """Issue 35: the key only in group_vars/l4-nodes is refused naming d3-routers; the firewall on without the monitor
+    in d3_firewall_monitors is refused naming the variable and the group (d3_fleet_problems; one run, whole inventory,
+    before the plan is shown). The key never reaches the output, even at -vvv. Then the layout the example documents
+    (the key in group_vars/all, the monitor let in) plans."""
+    unreachable = {"ansible_host": "192.0.2.1", "ansible_port": 1}
+    inventory = {"all": {"children": {
+        "l4-nodes": {"hosts": {"l4-a": {**unreachable, "d3_gpu_count": 1, "d3_models": [{"model": "d3-mini"}]}},
+                     "vars": {"d3_units_api_key": "k3y-only-on-l4", "d3_firewall_enabled": True,
+                              "d3_allowed_clients": ["10.0.0.10"]}},
+        "d3-routers": {"hosts": {"router-1": {"ansible_host": "127.0.0.1"}}},
+        "d3-monitors": {"hosts": {"mon-1": {"ansible_host": "10.0.0.20"}}}}}}  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    proc = ansible_playbook("playbooks/plan.yml", "-i", str(tmp_path / "hosts.yml"), "-vvv")
+    assert proc.returncode != 0
+    assert "k3y-only-on-l4" not in proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "router router-1 cannot authenticate to l4-a" in out
+    assert "Fix: set d3_units_api_key in group_vars/all (or group_vars/d3-routers)" in out
+    assert "host l4-a: the firewall is on (d3_firewall_enabled)" in out
+    assert "in d3_firewall_monitors in group_vars/l4-nodes (or group_vars/all)" in out
+    assert "d3-mini: d3-mini on GPU 0" not in out  # stopped before the plan is shown
+    l4_vars = inventory["all"]["children"]["l4-nodes"]["vars"]
+    inventory["all"]["vars"] = {"d3_units_api_key": l4_vars.pop("d3_units_api_key")}  # group_vars/all
+    l4_vars["d3_firewall_monitors"] = ["10.0.0.20"]
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    proc = ansible_playbook("playbooks/plan.yml", "-i", str(tmp_path / "hosts.yml"))
+    assert proc.returncode == 0, proc.stdout[-3000:]

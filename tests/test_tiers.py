@@ -4,8 +4,10 @@ Ansible nor podman. These check the guard itself, and that it is installed."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,23 @@ def test_a_test_double_under_the_temporary_directory_is_not_the_real_command(tmp
     fake.chmod(0o755)
     assert tier_problem(["podman", "ps"], set(), path=str(tmp_path)) is None
     assert tier_problem([str(fake), "ps"], set(), path="/nonexistent") is None
+
+
+def test_an_executable_under_tmp_outside_the_tests_own_directories_is_the_real_command() -> None:
+    """A clone (and its .venv) under /tmp: its ansible-playbook is the real one, not a test double (issue 35: make
+    check was red on a clone under /tmp). Only the session's pytest temporary directory holds doubles."""
+    clone = Path(tempfile.mkdtemp(prefix="d3-clone-"))
+    try:
+        venv_bin = clone / ".venv" / "bin"
+        venv_bin.mkdir(parents=True)
+        for name in ("ansible-playbook", "podman"):
+            (venv_bin / name).write_text("#!/bin/sh\n")
+            (venv_bin / name).chmod(0o755)
+        assert tier_problem([str(venv_bin / "ansible-playbook"), "site.yml"], set(), path="/nonexistent")
+        assert tier_problem(["podman", "ps"], set(), path=str(venv_bin))
+        assert tier_problem(f"cd {clone} && {venv_bin}/ansible-playbook x.yml", set(), path="/nonexistent")
+    finally:
+        shutil.rmtree(clone)
 
 
 def test_the_guard_stops_an_unmarked_test_that_starts_ansible() -> None:

@@ -1,7 +1,11 @@
 """The test tiers, enforced (tests/conftest.py installs this): make check runs `-m "not lab and not playbook"`, the
 tests that start neither Ansible nor podman. Every test under tests/lab/ is marked `lab`; a test that starts an Ansible
 command without the `playbook` (or `lab`) marker, or podman/skopeo without `lab`, fails naming the command and the
-marker to add, before the process starts."""
+marker to add, before the process starts.
+
+A test double (a fake podman or nvidia-smi a test wrote and put on its PATH) is an executable under the session's
+pytest temporary directory (every test's tmp_path is under it; conftest.py's autouse fixture records it): nothing else
+under /tmp, so a clone, and its .venv, under /tmp is guarded like one anywhere else."""
 
 from __future__ import annotations
 
@@ -9,32 +13,36 @@ import contextlib
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ANSIBLE_COMMANDS = frozenset({"ansible", "ansible-playbook", "ansible-doc", "ansible-inventory", "ansible-galaxy",
+ANSIBLE_COMMANDS = frozenset({"ansible", "ansible-playbook", "ansible-doc", "ansible-inventory", "ansible-galaxy", "ansible-vault",
                               "ansible-lint", "ansible-runner", "ansible-builder", "ansible-navigator", "molecule"})
 LAB_COMMANDS = frozenset({"podman", "skopeo", "buildah"})
 LAB_DIR = Path(__file__).resolve().parent / "lab"
-_running: dict[str, Any] = {"markers": None, "id": ""}
+_running: dict[str, Any] = {"markers": None, "id": "", "doubles": None}
+
+
+def set_doubles_root(path: Path) -> None:
+    """Where the tests' doubles live: the session's pytest temporary directory (tmp_path_factory.getbasetemp())."""
+    _running["doubles"] = os.path.realpath(path) + os.sep
 
 
 def _commands(args: Any, path: str | None = None) -> list[str]:
     """The command names a Popen argument may start: argv[0], and every word of a shell string; a test double (an
-    executable under the temporary directory, e.g. a fake podman on a test's PATH) is left out."""
+    executable under the session's pytest temporary directory, e.g. a fake podman on a test's PATH) is left out."""
     if isinstance(args, str | bytes | os.PathLike):
         words = os.fsdecode(args).replace(";", " ").replace("|", " ").replace("&", " ").split()
     else:
         words = [os.fsdecode(a) for a in list(args)[:1]]
-    doubles = os.path.realpath(tempfile.gettempdir()) + os.sep
+    doubles = _running["doubles"]
     found = []
     for word in words:
         exe = word if os.sep in word else shutil.which(word, path=path)
-        if not (exe and os.path.realpath(exe).startswith(doubles)):
+        if not (exe and doubles and os.path.realpath(exe).startswith(doubles)):
             found.append(os.path.basename(word))
     return found
 

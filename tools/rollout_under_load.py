@@ -13,7 +13,7 @@ the rollout has ended, and prints:
   back, seconds from the rollout's start.
 
 Usage (a real fleet or the lab; the lab: `flock /tmp/d3-lab.lock`):
-  tools/rollout_under_load.py --url http://ROUTER:9000 --model d3-lite [--rate 10] [--warmup 10]
+  tools/rollout_under_load.py --url http://ROUTER:8000 --model d3-lite [--rate 10] [--warmup 10]
       [--api-key-file FILE] [-i INVENTORY] [-l LIMIT] [-e KEY=VALUE ...] [--json out.json]
 The rollout's own variables (d3_image_name, d3_rollout_serial, ...) go in -e. Exit status 0 when no request failed
 and the rollout succeeded, 1 otherwise.
@@ -239,7 +239,7 @@ def report(figures: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", required=True, help="the router's frontend for the model, e.g. http://router:9000")
+    parser.add_argument("--url", required=True, help="the router's fleet endpoint (d3_router_port), e.g. http://router:8000")
     parser.add_argument("--model", required=True, help="the served model name clients send")
     parser.add_argument("--rate", type=float, default=10.0, help="requests per second (default 10)")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of load measured before the rollout")

@@ -104,3 +104,75 @@ class FakeHAProxy:
         finally:
             fake.close()
             shutil.rmtree(directory)
+
+
+class FakeMaster:
+    """HAProxy's master CLI (doc/management.txt, "9.4. Master CLI"), non-interactive: ``show proc`` lists the master
+    and the workers of the next snapshot (the first current, the others old ones still finishing), in the layout of
+    tests/contracts/haproxy/master-cli.yml; ``@!<pid> show stat`` answers that worker's ``show stat`` (the captured
+    CSV, each server's scur from the snapshot, 0 else), or the master's answer for a pid it does not know. Each
+    snapshot is {pid: {(backend, server): scur}}; the last one is repeated."""
+
+    def __init__(self, path: str, snapshots: list[dict[int, dict[tuple[str, str], int]]]) -> None:
+        self.path = path
+        self.snapshots = list(snapshots)
+        self.current: dict[int, dict[tuple[str, str], int]] = {}
+        self.commands: list[str] = []
+        self.answer_proc: str | None = None
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(8)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                command = data.decode().rstrip("\n")
+                self.commands.append(command)
+                conn.sendall(self.answer(command).encode())
+
+    def answer(self, command: str) -> str:
+        if command == "show proc":
+            if self.answer_proc is not None:
+                return self.answer_proc
+            self.current = self.snapshots.pop(0) if len(self.snapshots) > 1 else self.snapshots[0]
+            pids = list(self.current)
+            lines = ["#<PID>          <type>          <reloads>       <uptime>        <version>",
+                     "1000            master          1 [failed: 0]   0d00h01m00s     2.6.12-1+deb12u4", "# workers"]
+            lines += [f"{pid}            worker          0               0d00h00m10s     2.6.12-1+deb12u4" for pid in pids[:1]]
+            lines += ["# old workers"]
+            lines += [f"{pid}            worker          1               0d00h00m50s     2.6.12-1+deb12u4" for pid in pids[1:]]
+            lines += ["# programs", ""]
+            return "\n".join(lines) + "\n"
+        if command.startswith("@!") and command.endswith(" show stat"):
+            pid = int(command[2:].split(" ")[0])
+            if pid not in self.current:
+                return "Can't find the target CLI!\n"
+            lines = [CAPTURED[0]]
+            for line in CAPTURED[1:]:
+                row = line.split(",")
+                row[4] = str(self.current[pid].get((row[0], row[1]), 0))
+                lines.append(",".join(row))
+            return "\n".join(lines) + "\n\n"
+        return "Unknown command.\n"
+
+    @classmethod
+    @contextmanager
+    def started(cls, snapshots: list[dict[int, dict[tuple[str, str], int]]]) -> Iterator[FakeMaster]:
+        directory = tempfile.mkdtemp(prefix="d3mx", dir="/tmp")
+        fake = cls(f"{directory}/master.sock", snapshots)
+        try:
+            yield fake
+        finally:
+            fake.server.close()
+            shutil.rmtree(directory)

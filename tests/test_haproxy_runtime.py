@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from ansible.module_utils.testing import patch_module_args
-from fake_haproxy import CAPTURED, FakeHAProxy
+from fake_haproxy import CAPTURED, FakeHAProxy, FakeMaster
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"))
@@ -467,3 +468,86 @@ def test_downtimes_keep_values_that_hold_an_equals_sign() -> None:
               "stdout": "ActiveExitTimestampMonotonic=1000000=x\n"}]  # fmt: skip
     with pytest.raises(ValueError, match="could not convert string to float: '1000000=x'"):
         d3_rollout.rollout_downtimes(times, [{"instance": "a", "ready_monotonic": 2}])
+
+
+# --- every worker (the master CLI) ------------------------------------------------------------------------------------
+
+KEY2 = ("be_d3-lite", "d3-lab-host2-d3-lite")
+
+
+def test_a_drain_wait_counts_the_sessions_of_old_workers_after_a_reload(haproxy: FakeHAProxy) -> None:
+    """A reload during the wait: the stats socket reaches the new worker (0 sessions), the old one still serves the
+    drained server's requests in flight; the wait ends only when the old one has none left."""
+    haproxy.scur[KEY2] = [3, 0]  # 3 in flight when drained; the new worker shows 0 from the first poll on
+    clock = Clock()
+    with FakeMaster.started([{11: {KEY2: 3}}, {22: {KEY2: 0}, 11: {KEY2: 2}}, {22: {}, 11: {KEY2: 1}}, {22: {}}]) as master:
+        out = haproxy_runtime.run(params(haproxy.path, master_socket=master.path, servers=[LITE2], state="drain",
+                                         wait=True, poll=0.5), False, clock, clock.sleep)  # fmt: skip
+        commands = list(master.commands)
+    assert clock.sleeps == [0.5, 0.5, 0.5] and out["waited_s"] == 1.5
+    assert out["workers_seen"] == {11: 3}
+    assert out["servers"] == [{**LITE2, "scur": 0, "status": "DRAIN"}]
+    assert commands[:4] == ["show proc", "@!11 show stat", "show proc", "@!22 show stat"] and commands[4] == "@!11 show stat"
+    # the stats socket alone would have stopped waiting at the first poll
+    haproxy.scur[KEY2] = [0]
+    alone = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", wait=True, poll=0.5), False, Clock(),
+                                lambda s: None)  # fmt: skip
+    assert alone["waited_s"] == 0 and alone["workers_seen"] == {}
+
+
+def test_every_worker_counts_and_a_worker_that_left_counts_nothing(haproxy: FakeHAProxy) -> None:
+    haproxy.scur[KEY2] = [0]
+    clock = Clock()
+    # 33 is listed but gone by its show stat (the master no longer knows it)
+    with FakeMaster.started([{22: {KEY2: 1}, 11: {KEY2: 2}}, {22: {}}]) as master:
+        master_answer = master.answer
+
+        def gone(command: str) -> str:
+            if command == "show proc" and master.snapshots and len(master.snapshots) > 1:
+                text = master_answer(command)
+                return text.replace("# programs", "33            worker          2               0d00h01m50s     x\n# programs")
+            return master_answer(command)
+
+        master.answer = gone  # type: ignore[method-assign]
+        out = haproxy_runtime.run(params(haproxy.path, master_socket=master.path, servers=[LITE2, LITE3], state="drain",
+                                         wait=True, poll=1.0), False, clock, clock.sleep)  # fmt: skip
+        assert "@!33 show stat" in master.commands
+    assert out["workers_seen"] == {22: 1, 11: 2} and out["waited_s"] == 1.0
+
+
+def test_a_master_cli_that_does_not_answer_fails_naming_the_variable(haproxy: FakeHAProxy, tmp_path: Path) -> None:
+    with pytest.raises(haproxy_runtime.Refusal, match=r"master CLI /tmp/\S+/none.sock does not answer `show proc`: .*"
+                                                      r"Set d3_router_master_socket to the -S socket"):  # fmt: skip
+        haproxy_runtime.run(params(haproxy.path, master_socket=haproxy.path.replace("admin.sock", "none.sock"),
+                                   servers=[LITE2], state="drain", wait=True), False, Clock(), lambda s: None)  # fmt: skip
+    with FakeMaster.started([{}]) as master:
+        master.answer_proc = "Unknown command.\n"
+        with pytest.raises(haproxy_runtime.Refusal, match=r"did not answer `show proc` as HAProxy does: not the output"):
+            haproxy_runtime.run(params(haproxy.path, master_socket=master.path, servers=[LITE2], state="drain", wait=True),
+                                False, Clock(), lambda s: None)  # fmt: skip
+        # not asked when only reading, setting ready, or not waiting
+        for over in ({"state": None}, {"state": "ready", "wait": True}, {"state": "drain", "wait": False}):
+            haproxy.scur[KEY2] = [0]
+            haproxy_runtime.run(params(haproxy.path, master_socket=master.path, servers=[LITE2], **over), False, Clock(),
+                                lambda s: None)  # fmt: skip
+        assert master.commands == ["show proc"]
+
+
+@pytest.mark.parametrize("path", ["relative.sock", "/run/../x", "/run/a b", "/run/./x"])
+def test_a_master_socket_path_that_is_not_plain_is_refused(path: str) -> None:
+    with pytest.raises(haproxy_runtime.Refusal, match=f"the master socket {path!r} is not a plain absolute path"):
+        haproxy_runtime.run(params("/run/haproxy/admin.sock", master_socket=path), False)
+
+
+def test_parse_proc_of_the_captured_masters() -> None:
+    contract = yaml.safe_load((ROOT / "tests/contracts/haproxy/master-cli.yml").read_text())
+    for version, capture in contract["show_proc"].items():
+        procs = d3_haproxy.parse_proc(capture["text"])
+        assert [p["type"] for p in procs if p["section"] == "master"] == ["master"], version
+        assert d3_haproxy.worker_pids(capture["text"]) == capture["workers"], version
+    text = "#<PID> <type>\n1 master 0\n# workers\n2 worker 0\n# old workers\n3 worker 1\n# programs\n4 foo 0\n"
+    assert d3_haproxy.worker_pids(text) == [2, 3]
+    assert d3_haproxy.parse_proc(text)[3] == {"pid": 4, "type": "foo", "section": "programs"}
+    with pytest.raises(ValueError, match="not the output of `show proc`"):
+        d3_haproxy.parse_proc("# workers\n2 worker 0\n")
+    assert d3_haproxy.worker_pids("1 master\n# workers\nx worker\n5\n") == []

@@ -178,7 +178,9 @@ def status_drains(records: list[dict[str, Any]], rows: list[dict[str, Any]], rou
         now = status.get((rec["backend"], rec["server"]), "not in the router's configuration")
         lines.append(
             f"router {router}: {rec['backend']}/{rec['server']} (host {rec.get('host', '?')}, instance "
-            f"{rec.get('instance', '?')}) left by an interrupted rollout, drained since {rec.get('since', '?')}, now "
+            f"{rec.get('instance', '?')}) left by an interrupted rollout"
+            + (f" ({rec['owner']}, which no longer runs)" if rec.get("owner") else "")
+            + f", drained since {rec.get('since', '?')}, now "
             f"{now}. The next rollout.yml or site.yml gives it back."
         )
     return lines

@@ -5,7 +5,10 @@ router). Standard library only. The protocol is HAProxy's management guide (doc/
 commands" (non-interactive mode: one line, the answer, then HAProxy closes the connection; ``set server
 <backend>/<server> state [ ready | drain | maint ]``) and "9.1. CSV format" (``show stat``: a header line ``# pxname,
 svname,...``, then one line per proxy and server; fields ``pxname``, ``svname``, ``scur`` (current sessions),
-``status`` (UP, DOWN, NOLB, DRAIN, MAINT, MAINT(via)..., with ``N/M`` while a check is changing it)).
+``status`` (UP, DOWN, NOLB, DRAIN, MAINT, MAINT(via)..., with ``N/M`` while a check is changing it)); and "9.4.
+Master CLI" (the master process's socket, ``-S``, Debian's ``/run/haproxy-master.sock``: ``show proc`` lists the
+master, the current workers and the old ones still finishing their requests after a reload; ``@!<pid> <command>``
+sends a command to one of them: tests/contracts/haproxy/master-cli.yml).
 """
 
 from __future__ import annotations
@@ -63,3 +66,29 @@ def in_state(status: str, state: str) -> bool:
     if state == "maint":
         return word.startswith("MAINT")
     return word in ("UP", "NOLB")
+
+
+def parse_proc(text: str) -> list[dict[str, Any]]:
+    """The processes of the master CLI's ``show proc``: {pid, type, section} per line, section ``master`` before the
+    first ``# <section>`` comment (``workers``, ``old workers``, ``programs``). Fails on text that has no master line."""
+    out = []
+    section = "master"
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#<") or line.startswith("# <"):
+            continue
+        if line.startswith("#"):
+            section = line.lstrip("#").strip()
+            continue
+        fields = line.split()
+        if len(fields) >= 2 and fields[0].isdigit():
+            out.append({"pid": int(fields[0]), "type": fields[1], "section": section})
+    if not any(p["type"] == "master" for p in out):
+        raise ValueError(f"not the output of `show proc`: {text[:200]!r}")
+    return out
+
+
+def worker_pids(text: str) -> list[int]:
+    """The pids of every worker ``show proc`` lists, the current ones and the old ones still finishing their
+    requests (not the master, not external programs)."""
+    return [p["pid"] for p in parse_proc(text) if p["type"] == "worker" and p["section"] in ("workers", "old workers")]

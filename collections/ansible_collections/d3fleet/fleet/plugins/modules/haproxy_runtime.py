@@ -21,6 +21,12 @@ description:
   - With O(wait), polls C(show stat) every O(poll) seconds until the O(servers) have no current session left (sum of
     C(scur) 0, for V(drain)) or are all V(UP) (for V(ready)), and fails after O(timeout) seconds naming the servers
     that are not there yet. Check mode does not wait.
+  - With O(master_socket) (HAProxy's master CLI, C(-S); Debian's haproxy.service has C(/run/haproxy-master.sock)), a
+    wait for V(drain) counts each server's sessions on every worker the master lists in C(show proc) - the current ones
+    and the old ones still finishing their requests after a reload (C(@!<pid> show stat), management.txt "9.4. Master
+    CLI") - not only on the worker the stats socket reaches; after a reload that one is new and shows 0 sessions while
+    the old worker still serves the drained server's requests in flight. A worker that left between C(show proc) and
+    its C(show stat) counts nothing.
   - Every name that reaches the socket is checked first, as a whole string (backend and server names, of letters,
     digits, C(.) C(_) C(:) C(-), at most 127 characters, and the socket path, a plain absolute path), before any command is sent.
   - The protocol is HAProxy's management guide, doc/management.txt in the HAProxy sources, section "9.3. Unix Socket
@@ -33,6 +39,13 @@ options:
       - The stats socket (a plain absolute path, checked as given; the d3_router role's C(d3_router_stats_socket)).
     type: str
     required: true
+  master_socket:
+    description:
+      - HAProxy's master CLI socket (a plain absolute path; the d3_router role's C(d3_router_master_socket)). When set,
+        a wait for V(drain) counts the sessions on every worker, old ones included. Empty - the stats socket's worker
+        only.
+    type: str
+    default: ""
   router:
     description: The router's name in messages (the inventory host); the socket path when empty.
     type: str
@@ -118,6 +131,12 @@ state:
   description: O(state) (null when only reading).
   type: str
   returned: always
+workers_seen:
+  description:
+    - With O(master_socket) and a wait for V(drain), every worker pid that held sessions of O(servers) during the wait,
+      with the most sessions seen on it (C({pid - sessions})); two pids mean a reload came during the wait.
+  type: dict
+  returned: success
 waited_s:
   description: Seconds spent waiting (0 without O(wait)).
   type: float
@@ -142,12 +161,19 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import in_state, parse_stat, select, set_command
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import (
+    in_state,
+    parse_stat,
+    select,
+    set_command,
+    worker_pids,
+)
 
 # the d3_input_problems filter's 'path' rule (plugins/filter/d3_inputs.py): /dir/name, no .. or . components
 PLAIN_PATH = re.compile(r"\A(/[A-Za-z0-9_.@+-]+)+\Z")
 ARGUMENT_SPEC: dict[str, Any] = {
     "socket": {"type": "str", "required": True},
+    "master_socket": {"type": "str", "default": ""},
     "router": {"type": "str", "default": ""},
     "servers": {"type": "list", "elements": "dict", "default": []},
     "state": {"type": "str", "choices": ["drain", "ready"]},
@@ -181,10 +207,10 @@ def ask(path: str, command: str, timeout: float) -> str:
 
 def check_inputs(p: dict[str, Any], where: str) -> None:
     """Refuse, before anything is sent, a socket path, a server name or a wait that could not be meant."""
-    path = p["socket"]
-    if not PLAIN_PATH.match(path) or "/../" in path + "/" or "/./" in path + "/":
-        raise Refusal(f"{where}: the stats socket {path!r} is not a plain absolute path (/dir/name: letters, digits, "
-                      ". _ - @ +; no .. or spaces).")  # fmt: skip
+    for what, path in (("stats socket", p["socket"]), ("master socket", p.get("master_socket") or "")):
+        if (path or what == "stats socket") and (not PLAIN_PATH.match(path) or "/../" in path + "/" or "/./" in path + "/"):
+            raise Refusal(f"{where}: the {what} {path!r} is not a plain absolute path (/dir/name: letters, digits, "
+                          ". _ - @ +; no .. or spaces).")  # fmt: skip
     for server in p["servers"]:
         try:
             set_command(server, p["state"] or "ready")
@@ -209,6 +235,27 @@ def read_stat(p: dict[str, Any], where: str) -> list[dict[str, Any]]:
         shown = " ".join(text.split())[:200]
         raise Refusal(f"{where}: the answer to `show stat` is not HAProxy's CSV: {shown!r}.",
                       f"not show stat: {shown!r}") from None
+
+
+def every_worker(p: dict[str, Any], where: str, servers: list[dict[str, Any]]) -> dict[int, dict[tuple[str, str], int]]:
+    """Each worker's sessions of ``servers`` through the master CLI: {pid: {(backend, server): scur}}, for every worker
+    ``show proc`` lists (current and old). A worker that left before its ``show stat`` is not in it."""
+    master = p["master_socket"]
+    try:
+        pids = worker_pids(ask(master, "show proc", p["connect_timeout"]))
+    except OSError as exc:
+        raise Refusal(f"{where}: HAProxy's master CLI {master} does not answer `show proc`: {exc}. Set "
+                      "d3_router_master_socket to the -S socket of haproxy.service.", str(exc)) from None  # fmt: skip
+    except ValueError as exc:
+        raise Refusal(f"{where}: the master CLI {master} did not answer `show proc` as HAProxy does: {exc}.") from None
+    out = {}
+    for pid in pids:
+        try:
+            rows = parse_stat(ask(master, f"@!{pid} show stat", p["connect_timeout"]))
+        except (OSError, ValueError):
+            continue  # left between show proc and now: nothing in flight there
+        out[pid] = {(r["backend"], r["server"]): r["scur"] for r in select(rows, servers)}
+    return out
 
 
 def pending(rows: list[dict[str, Any]], state: str) -> list[str]:
@@ -242,11 +289,19 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
             if answer.strip():
                 raise Refusal(f"{where}: `{command}` was refused: {' '.join(answer.split())[:200]}")
     waited = 0.0
+    seen: dict[int, int] = {}
     if state and p["wait"] and not check_mode:
         start = clock()
         while True:
             rows = read_stat(p, where)
             wanted = select(rows, p["servers"])
+            if state == "drain" and p.get("master_socket"):
+                by_worker = every_worker(p, where, p["servers"])
+                for pid, sessions in by_worker.items():
+                    if sum(sessions.values()):
+                        seen[pid] = max(seen.get(pid, 0), sum(sessions.values()))
+                for row in wanted:
+                    row["scur"] = sum(w.get((row["backend"], row["server"]), 0) for w in by_worker.values())
             left = pending(wanted, state)
             waited = round(clock() - start, 1)
             if not left:
@@ -263,6 +318,7 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         "missing": missing,
         "changed_servers": [f"{s['backend']}/{s['server']}" for s in todo],
         "waited_s": waited,
+        "workers_seen": seen,
     }
 
 

@@ -8,6 +8,9 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -109,3 +112,104 @@ def run(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
     script = "\n".join(["set -e", *setup_lines(), command])
     return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)  # fmt: skip
+
+
+# --- the facts the docs name: variables, groups, ports (tests/test_readme_commands.py checks them against the code) ---
+
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+# where the code is: every file here that is text (roles, playbooks, the collection, the lab's stand-ins, tools)
+CODE = ["site.yml", "Makefile", "ansible.cfg", "execution-environment.yml", "roles", "playbooks", "collections", "lab",
+        "molecule", "tools", "inventories/example", ".ci"]  # fmt: skip
+CODE_SUFFIXES = {".yml", ".yaml", ".py", ".j2", ".sh", ".cfg", ".conf", ".txt", ".json", ""}
+# a variable of the project's roles, as the docs write them in `code`
+VARIABLE = re.compile(r"(?<![\w./-])((?:d3|nvidia_toolkit|podman)_[a-z0-9_]*[a-z0-9])(?![\w*{-]|\.[a-z])")
+GROUP_VARS = re.compile(r"group_vars/([A-Za-z0-9_.-]+?)(?=[/`)\s,.;:]|\Z)")
+GROUP = re.compile(r"\bgroups?:? `([a-z0-9][a-z0-9-]*)`|`([a-z0-9][a-z0-9-]*)` group")
+URL_PORT = re.compile(r"https?://([A-Za-z0-9_.-]+):([0-9]{2,5})")
+DEFAULT_ROW = re.compile(r"^\| `([a-z0-9_]+)`(?: \([^|]*\))? \| `([^`|]+)` \|", flags=re.M)
+# a variable with its default in running text: `d3_router_metrics_port` (8405)
+DEFAULT_INLINE = re.compile(r"`([a-z0-9_]+)` \(([0-9]+)\)")
+# names the docs keep for a reason though the code no longer has them
+HISTORICAL = {"d3_router_port_base": "docs/router.md: the variable d3_router_ports replaced, for an upgrade"}
+
+
+def code_files() -> list[Path]:
+    files = []
+    for entry in CODE:
+        path = ROOT / entry
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        files += [p for p in found if p.suffix in CODE_SUFFIXES and "__pycache__" not in p.parts]
+    return files
+
+
+def code_words() -> set[str]:
+    """Every word (letters, digits, `_`, `-`) of the code."""
+    words: set[str] = set()
+    for path in code_files():
+        try:
+            words.update(re.findall(r"[A-Za-z0-9_-]+", path.read_text()))
+        except UnicodeDecodeError:
+            continue
+    return words
+
+
+def doc_spans(path: Path) -> list[str]:
+    """The `code` spans of a Markdown file, fenced blocks included."""
+    text = path.read_text()
+    fenced = re.findall(r"^[ \t]*```[a-z]*\n(.*?)^[ \t]*```", text, flags=re.M | re.S)
+    rest = re.sub(r"^[ \t]*```[a-z]*\n.*?^[ \t]*```", "", text, flags=re.M | re.S)
+    return fenced + re.findall(r"`([^`\n]+)`", rest)
+
+
+def named_variables() -> dict[str, list[str]]:
+    """variable -> the docs that name it (in code spans)."""
+    out: dict[str, list[str]] = {}
+    for path in DOCS:
+        for span in doc_spans(path):
+            for name in VARIABLE.findall(span):
+                out.setdefault(name, []).append(path.name)
+    return out
+
+
+def named_groups() -> dict[str, list[str]]:
+    """inventory group -> the docs that name it (group_vars/NAME, group `NAME`, `NAME` group)."""
+    out: dict[str, list[str]] = {}
+    for path in DOCS + sorted(EXAMPLE.rglob("*.yml")):
+        text = path.read_text()
+        names = GROUP_VARS.findall(text) + [a or b for a, b in GROUP.findall(text)]
+        for name in names:
+            out.setdefault(name, []).append(path.name)
+    return out
+
+
+def named_router_urls() -> list[tuple[str, str, int]]:
+    """(doc, host, port) of every URL the docs give to a router by name (http://router:8000, http://ROUTER:8000)."""
+    return [(path.name, host, int(port)) for path in DOCS for host, port in URL_PORT.findall(path.read_text())
+            if "router" in host.lower()]  # fmt: skip
+
+
+def documented_defaults() -> list[tuple[str, str, str]]:
+    """(doc, variable, default) of every table row `| \\`variable\\` | \\`default\\` |` in the docs."""
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        found += [(path.name, name, value) for name, value in DEFAULT_ROW.findall(text) + DEFAULT_INLINE.findall(text)]
+    return found
+
+
+def role_defaults() -> dict[str, Any]:
+    """variable -> its default, from every role's defaults/main.yml."""
+    out: dict[str, Any] = {}
+    for path in sorted((ROOT / "roles").glob("*/defaults/main.yml")):
+        out.update(yaml.safe_load(path.read_text()) or {})
+    return out
+
+
+def playbook_groups() -> set[str]:
+    """The inventory groups the playbooks and roles use (hosts: lines and groups['NAME'])."""
+    found = {"all"}
+    for path in [ROOT / "site.yml", *sorted((ROOT / "playbooks").glob("*.yml")), *sorted((ROOT / "roles").rglob("*.yml"))]:
+        text = path.read_text()
+        found.update(re.findall(r"groups\[['\"]([A-Za-z0-9_-]+)['\"]\]", text))
+        found.update(re.findall(r"^\s*-?\s*hosts: ([A-Za-z0-9_-]+)\s*$", text, flags=re.M))
+    return found

@@ -72,3 +72,90 @@ def test_example_command_works_as_written(command: str) -> None:
     proc = doccommands.run(command, timeout=300)
     assert proc.returncode == 0, f"{command!r} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     assert "l4-a" in proc.stdout and "l4-b" in proc.stdout
+
+
+# --- the facts the docs name, against the code (issue 35.8) ----------------------------------------------------------
+
+
+def test_every_variable_the_docs_name_is_in_the_code() -> None:
+    """A `d3_*`, `nvidia_toolkit_*` or `podman_*` name in README.md or docs/ (code spans) is a word of the code (a role
+    default, an argument spec, a fact a task sets, a plugin's file), or kept on purpose (HISTORICAL): a renamed
+    variable left in a doc fails here."""
+    known = doccommands.code_words() | {p.stem for p in (ROOT / "collections").rglob("*.py")}
+    named = doccommands.named_variables()
+    assert len(named) > 100, sorted(named)  # the parser finds them
+    stale = {name: sorted(set(docs)) for name, docs in named.items() if name not in known and name not in doccommands.HISTORICAL}
+    assert not stale, f"variables the docs name and the code does not have: {stale}"
+    assert not [h for h in doccommands.HISTORICAL if h in known], "a historical name is back in the code: drop it"
+
+
+def test_every_group_the_docs_name_is_one_the_playbooks_use() -> None:
+    named = doccommands.named_groups()
+    assert {"l4-nodes", "d3-routers", "d3-monitors", "all"} <= set(named), sorted(named)
+    unknown = {g: sorted(set(d)) for g, d in named.items() if g not in doccommands.playbook_groups()}
+    assert not unknown, f"groups the docs name that no playbook or role uses: {unknown}"
+
+
+def test_every_default_the_docs_state_is_the_codes() -> None:
+    """`| \\`variable\\` | \\`default\\` |` rows and `\\`variable\\` (N)` in README.md and docs/: the role's default (its
+    defaults/main.yml, else the planner's Options for the d3 role's `d3_*` settings)."""
+    from dataclasses import MISSING, fields
+
+    import yaml
+    from d3_planner import Options
+
+    spec = yaml.safe_load((ROOT / "roles/d3/meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    planner = {f"d3_{f.name}": f.default for f in fields(Options) if f.default is not MISSING and f"d3_{f.name}" in spec}
+    defaults = planner | doccommands.role_defaults()
+    stated = [(doc, name, value) for doc, name, value in doccommands.documented_defaults() if name in defaults]
+    assert len(stated) >= 15, stated
+    wrong = [(doc, name, value, defaults[name]) for doc, name, value in stated if yaml.safe_load(value) != defaults[name]]
+    assert not wrong, f"(doc, variable, the doc's default, the code's): {wrong}"
+
+
+def test_every_router_url_in_the_docs_uses_a_router_port() -> None:
+    """http://router:PORT in the docs: the fleet endpoint (d3_router_port) or the metrics port, the role's defaults
+    (a model's own port is a d3_router_ports choice, never a computed one: an example would name it)."""
+    defaults = doccommands.role_defaults()
+    urls = doccommands.named_router_urls()
+    assert urls, "no router URL found"
+    wrong = [u for u in urls if u[2] not in (defaults["d3_router_port"], defaults["d3_router_metrics_port"])]
+    assert not wrong, wrong
+
+
+def test_the_fact_parsers_find_what_they_should() -> None:
+    """The parsers on a text of each kind (so the tests above cannot pass by finding nothing)."""
+    assert doccommands.VARIABLE.findall("set `d3_router_ports: {x: 1}`, d3_gpu_* and d3_rollout.py") == ["d3_router_ports"]
+    assert doccommands.GROUP_VARS.findall("in group_vars/all (or group_vars/d3-routers), `group_vars/l4-nodes/main.yml`") == [
+        "all", "d3-routers", "l4-nodes"]  # fmt: skip
+    assert [a or b for a, b in doccommands.GROUP.findall("group `d3-monitors` and the `l4-nodes` group")] == ["d3-monitors", "l4-nodes"]
+    assert doccommands.DEFAULT_ROW.findall("| `d3_router_port` | `8000` | the endpoint |\n| x | `1` |") == [("d3_router_port", "8000")]
+    assert doccommands.DEFAULT_INLINE.findall("on `d3_router_metrics_port` (8405), its own") == [("d3_router_metrics_port", "8405")]
+
+
+def test_the_supported_host_releases_are_docs_versions_md_row() -> None:
+    """docs/versions.md states the supported host releases once; d3_preflight's default and its argument spec (what
+    preflight refuses by) are that row, and the README and the lab say nothing else."""
+    import yaml
+
+    row = re.search(r"^\| host OS \| ([^|]+) \|", (ROOT / "docs/versions.md").read_text(), flags=re.M)
+    assert row, "docs/versions.md has no host OS row"
+    stated: dict[str, list[str]] = {}
+    for release in row.group(1).split(","):
+        name, version = release.split()
+        stated.setdefault(name, []).append(version)
+    role = ROOT / "roles/d3_preflight"
+    assert yaml.safe_load((role / "defaults/main.yml").read_text())["d3_preflight_supported_os"] == stated
+    spec = yaml.safe_load((role / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    assert spec["d3_preflight_supported_os"]["default"] == stated
+    assert stated == {"Debian": ["12", "13"], "Ubuntu": ["24"]}  # the row's parser read it
+
+
+def test_the_readme_keeps_dated_headline_figures_and_no_commit_hashes() -> None:
+    """Timings and the commits they were measured at live in docs/testing.md; the README keeps headline figures, each
+    paragraph that gives one dated."""
+    text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", README.read_text(), flags=re.M | re.S)
+    hashes = re.findall(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/.-])", text)
+    assert not hashes, f"commit hashes in README.md (they go to docs/testing.md): {hashes}"
+    undated = [p for p in text.split("\n\n") if re.search(r"\b\d+(\.\d+)? ?(min|s)\b", p) and not re.search(r"\b20\d\d-\d\d-\d\d\b", p)]
+    assert not undated, f"figures without a date: {undated}"

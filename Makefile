@@ -21,8 +21,17 @@ help:
 	@echo "make bench INVENTORY=... [LIMIT=host] [BENCH_OUT=bench]   decision suite + load: tables, BENCH_OUT/report.json, plots"
 	@echo "make bench-compare OLD=a/report.json NEW=b/report.json   one table and plot of the differences, flagged beyond their intervals"
 
-$(VENV)/.installed: requirements.txt
+# ansible-core and what it imports, at requirements.txt's pins: enough for the lab's image builds (`make lab-images`:
+# builtin modules only), which make demo runs beside the rest of the pip install (the order-only prerequisite below,
+# for a new venv: one pip at a time in it; the second only adds packages, it keeps these at their pins).
+VENV_CORE := ansible-core Jinja2 PyYAML
+$(VENV)/.installed-core: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check \
+	  $$(grep -E -i '^($(subst $(eval) ,|,$(VENV_CORE)))==' requirements.txt)
+	touch $@
+
+$(VENV)/.installed: requirements.txt | $(if $(wildcard $(VENV)/.installed),,$(VENV)/.installed-core)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
 	touch $@
 
@@ -72,11 +81,18 @@ plan: venv
 lab: venv
 	ansible-playbook playbooks/lab.yml $(if $(LAB_HOSTS),-e lab_hosts_count=$(LAB_HOSTS))
 
-lab-images: venv
+# the images only (host images, simulator, stand-in debs, wheels): ansible-core is enough, so it starts beside pip
+lab-images: $(VENV)/.installed-core
 	ansible-playbook playbooks/lab.yml --tags images
 
 lab-down: venv
 	ansible-playbook playbooks/lab-down.yml
+
+# lab-down, and the lab's images, build cache and state too: as on a machine that never ran the lab (the packages
+# lab_base installed stay). tools/demo_timing.sh starts the cold demo from there.
+.PHONY: lab-purge
+lab-purge: venv
+	ansible-playbook playbooks/lab-down.yml -e lab_down_purge=true
 
 # The demo's lab: a Debian 13 host (Quadlet: the 27B on two GPUs, d3-mini, d3-edge), a Debian 12 host (classic units:
 # d3-flash, d3-nano, d3-lite) and the router; `make lab` alone (and make test) starts three hosts.
@@ -84,7 +100,10 @@ lab-down: venv
 # ANSIBLE_STDOUT_CALLBACK=ansible.builtin.default make demo for Ansible's own); the demo ends with what to do next.
 DEMO_HOSTS ?= 2
 demo: export ANSIBLE_STDOUT_CALLBACK ?= d3fleet.fleet.fleet
-demo: venv
+# Without a venv, the lab's images build beside the pip install (make -j2: they need ansible-core only); then the
+# lab (with a venv: all of it, as before) and the converge. tools/demo_timing.sh times it by part (docs/testing.md).
+demo:
+	$(if $(wildcard $(VENV)/.installed),,$(MAKE) -j2 venv lab-images)
 	$(MAKE) lab LAB_HOSTS=$(DEMO_HOSTS)
 	ansible-playbook site.yml -i inventories/lab -l 'l4-nodes:d3-routers'
 	@printf '\nNext (examples/demo-next-steps.sh; `. .venv/bin/activate` first):\n'; cat examples/demo-next-steps.sh

@@ -14,9 +14,14 @@ R=$WORK/rootfs
 trap 'rm -rf "$WORK"' EXIT
 export DEBIAN_FRONTEND=noninteractive
 
-debootstrap --variant=minbase \
+# mmdebstrap (one apt run, parallel downloads, dpkg without fsync while it builds): about 2.4x less CPU than debootstrap
+# for this rootfs (52 s -> 22 s of CPU, 2026-12-02); minbase = Essential + apt as debootstrap's, and the same packages
+# (maybe-merged-usr: usr-is-merged as debootstrap, not usrmerge + perl). force-unsafe-io is for the build only (below).
+mmdebstrap --quiet --variant=minbase \
   --include=systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,ca-certificates,procps,curl,sudo,openssh-server \
+  --hook-dir=/usr/share/mmdebstrap/hooks/maybe-merged-usr --dpkgopt=force-unsafe-io \
   "$SUITE" "$R" "$MIRROR"
+rm -f "$R/etc/dpkg/dpkg.cfg.d/99mmdebstrap"  # the lab host's dpkg syncs as a real server's does
 
 cat > "$R/etc/apt/sources.list" <<EOS
 deb $MIRROR $SUITE main

@@ -39,11 +39,14 @@ build_rootfs() {
   tmp=$(mktemp -d "$CACHE_DIR/d3-vllm-sim-rootfs.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   m=$(mirror)
-  log "debootstrap $SUITE minbase + python3 from $m (cached afterwards in $ROOTFS_TAR)"
-  debootstrap --variant=minbase --include=python3-minimal,libpython3.11-stdlib \
-    "$SUITE" "$tmp/root" "$m" > "$tmp/debootstrap.log" 2>&1 \
-    || { tail -20 "$tmp/debootstrap.log" >&2; exit 1; }
+  log "mmdebstrap $SUITE minbase + python3 from $m (cached afterwards in $ROOTFS_TAR)"
+  # mmdebstrap: one apt run, about 2.4x less CPU than debootstrap (lab/images/build-host-rootfs.sh)
+  mmdebstrap --variant=minbase --include=python3-minimal,libpython3.11-stdlib \
+    --hook-dir=/usr/share/mmdebstrap/hooks/maybe-merged-usr --dpkgopt=force-unsafe-io \
+    "$SUITE" "$tmp/root" "$m" > "$tmp/mmdebstrap.log" 2>&1 \
+    || { tail -20 "$tmp/mmdebstrap.log" >&2; exit 1; }
   r=$tmp/root
+  rm -f "$r/etc/dpkg/dpkg.cfg.d/99mmdebstrap"
   # keep it small: no docs, man pages, locales, apt lists or package caches
   rm -rf "$r"/usr/share/doc/* "$r"/usr/share/man/* "$r"/usr/share/info/* "$r"/usr/share/locale/* \
          "$r"/usr/share/lintian "$r"/var/lib/apt/lists/* "$r"/var/cache/apt/* "$r"/var/cache/debconf/*-old \

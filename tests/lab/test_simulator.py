@@ -257,7 +257,7 @@ def image() -> str:
         pytest.fail("podman is not installed: the lab simulator tests need it")
     build = subprocess.run([str(SIM_DIR / "build.sh")], capture_output=True, text=True, timeout=900, check=False)
     if build.returncode != 0:
-        pytest.fail(f"cannot build the simulator image (needs root + debootstrap): {build.stderr[-500:]}")
+        pytest.fail(f"cannot build the simulator image (needs root + mmdebstrap): {build.stderr[-500:]}")
     return IMAGE
 
 

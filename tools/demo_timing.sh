@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `make demo` as a newcomer meets it, timed by part (issue 36). Asks nothing; removes only the project's own.
 #
-#   tools/demo_timing.sh [--warm] [--profile] [CHECKOUT]
+#   tools/demo_timing.sh [--warm] [--profile] [--down-with OTHER] [CHECKOUT]
 #
 # cold (default): puts this machine in the newcomer's state first, as far as the project goes:
 #   - the lab down and purged (`make lab-purge`: its containers, services, podman images, /var/cache/d3-lab and
-#     /var/lib/d3-lab; playbooks/lab-down.yml says what exactly). It needs a venv: CHECKOUT's own, else one made
-#     for it first (not timed), removed with the rest;
+#     /var/lib/d3-lab; playbooks/lab-down.yml says what exactly). It needs a venv: CHECKOUT's own, else OTHER's
+#     (--down-with: another checkout of the project whose venv is ready, its make lab-purge), else one made for it
+#     first (not timed), removed with the rest;
 #   - CHECKOUT/.venv removed (only a real directory inside CHECKOUT: a .venv that is a symlink, e.g. to a venv other
 #     checkouts share, is refused: run this from a fresh clone, `git clone REPO /tmp/demo-clone`);
 #   - pip's cache: not deleted (it is the user's, not the project's): pip gets an empty one of its own for the run
@@ -24,15 +25,17 @@
 #   flock /work/locks/lab.lock tools/demo_timing.sh /tmp/demo-clone
 set -euo pipefail
 
-mode=cold profile=0 checkout=
-for arg in "$@"; do
-  case $arg in
+mode=cold profile=0 checkout= down_with=
+while [ $# -gt 0 ]; do
+  case $1 in
     --warm) mode=warm ;;
     --profile) profile=1 ;;
+    --down-with) down_with=${2:?--down-with needs a checkout}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    -*) echo "demo_timing.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
-    *) checkout=$arg ;;
+    -*) echo "demo_timing.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) checkout=$1 ;;
   esac
+  shift
 done
 checkout=$(cd "${checkout:-$(dirname "$0")/..}" && pwd)
 [ -f "$checkout/Makefile" ] && grep -q '^demo:' "$checkout/Makefile" \
@@ -41,7 +44,7 @@ checkout=$(cd "${checkout:-$(dirname "$0")/..}" && pwd)
 venv=$checkout/.venv
 if [ -L "$venv" ]; then
   echo "demo_timing.sh: $venv is a symlink (to $(readlink "$venv")): it is not this checkout's own to remove." >&2
-  echo "  Time a fresh clone instead: git clone $checkout /tmp/demo-clone && $0 ${mode/cold/} /tmp/demo-clone" >&2
+  echo "  Time a fresh clone instead: git clone $checkout /tmp/demo-clone && $0 $([ "$mode" = warm ] && echo '--warm ')/tmp/demo-clone" >&2
   exit 2
 fi
 out=$checkout/build/demo-timing
@@ -51,12 +54,15 @@ tools=$(cd "$(dirname "$0")" && pwd)
 say() { printf '\n== demo_timing: %s\n' "$*"; }
 
 if [ "$mode" = cold ]; then
-  if [ ! -x "$venv/bin/ansible-playbook" ]; then
+  down=$checkout
+  if [ ! -x "$venv/bin/ansible-playbook" ] && [ -n "$down_with" ]; then
+    down=$(cd "$down_with" && pwd)
+  elif [ ! -x "$venv/bin/ansible-playbook" ]; then
     say "a venv to take the lab down with (not timed)"
     make -C "$checkout" --no-print-directory venv
   fi
-  say "the lab down and purged (make lab-purge)"
-  make -C "$checkout" --no-print-directory lab-purge
+  say "the lab down and purged (make -C $down lab-purge)"
+  make -C "$down" --no-print-directory lab-purge
   say "removing $venv"
   rm -rf -- "$venv"
   pip_cache=$(mktemp -d /tmp/demo-timing-pip-cache.XXXXXX)

@@ -140,8 +140,10 @@ def stage(tests: list[str]) -> None:
         conftest.write(ALIAS_HOOK)
     shutil.copytree(ROOT / "roles", STAGE / "roles")
     shutil.copytree(ROOT / "docs", STAGE / "docs")  # test_metrics checks the runbook has each alert's entry
-    # the lab's vLLM simulator: test_bench_simulator runs the bench against it
+    # the lab's vLLM simulator: test_bench_simulator runs the bench against it; the lab HF mirror's config.json
+    # builder: test_capacity_second_opinion compares the planner with the simulator on it
     shutil.copytree(ROOT / "lab/simulator", STAGE / "lab/simulator", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "lab/hf", STAGE / "lab/hf", ignore=shutil.ignore_patterns("__pycache__"))
     args = ", ".join(json.dumps(a) for a in ["-m", "not lab and not playbook", "-p", "no:cacheprovider", "-W", "ignore"])
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"

@@ -1009,7 +1009,8 @@ class _Planner:
                 "block_size": fig["block_size"],
                 "max_num_batched_tokens": fig["max_num_batched_tokens"],
                 "measured_on_hardware": False,
-                "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware",
+                "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware; not modelled: the "
+                "vision encoder's own profiling, whether D3's attention is causal",
             },
             "measured_on_hardware": inst["measured"],
             "hardware_note": {

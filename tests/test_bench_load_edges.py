@@ -202,9 +202,9 @@ def test_latency_pass_counts_errors_and_questions(scripted: type[Scripted]) -> N
     out = bench_load.latency_pass(scripted("u", 1.0, None), "/p", "m", reqs, 2)
     assert out == {
         "q2": {"questions": 2, "samples_ms": [12.3], "errors": 1, "n": 1, "mean": 12.3, "min": 12.3, "p50": 12.3,
-               "p95": 12.3, "p99": 12.3, "max": 12.3, "unsupported": ["p50", "p95", "p99"]},
+               "p95": 12.3, "p99": 12.3, "max": 12.3, "interval": NONE, "unsupported": ["p50", "p95", "p99"]},
         "none": {"questions": 0, "samples_ms": [12.3], "errors": 1, "n": 1, "mean": 12.3, "min": 12.3, "p50": 12.3,
-                 "p95": 12.3, "p99": 12.3, "max": 12.3, "unsupported": ["p50", "p95", "p99"]},
+                 "p95": 12.3, "p99": 12.3, "max": 12.3, "interval": NONE, "unsupported": ["p50", "p95", "p99"]},
     }
     assert bench_load.latency_pass(scripted("u", 1.0, None), "/p", "m", reqs[:1], 0)["q2"]["n"] == 0
 
@@ -268,6 +268,7 @@ def timed(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Timed]]:
 
 
 TARGET = {"name": "t", "url": "http://t", "model": "m", "api_key": "k"}
+NONE = {"p50": None, "p95": None, "p99": None}  # no percentile interval: n too small
 
 
 def test_a_level_runs_until_the_deadline(timed: type[Timed]) -> None:
@@ -277,8 +278,8 @@ def test_a_level_runs_until_the_deadline(timed: type[Timed]) -> None:
     # calls at 0, .25, .5, .75 (each .25 s): the 4th ends at the deadline; the latencies are 20 and 40 ms
     assert row == {"requests": 4, "errors": 2, "error_examples": ["ConnectionResetError: x", "HTTP 500: dead"],
                    "elapsed_s": 1.3, "requests_per_s": 1.54, "_ok": 2, "n": 2, "mean": 30.0, "min": 20.0, "p50": 30.0,
-                   "p95": 39.0, "p99": 39.8, "max": 40.0,
-                   "unsupported": ["p95", "p99"]}
+                   "p95": 39.0, "p99": 39.8, "max": 40.0, "interval": NONE,
+                   "unsupported": ["p50", "p95", "p99"]}
     assert timed.CALLS[0] == ("new", "http://t", 60.0, "k") and timed.CALLS[-1] == ("close", "http://t")
     assert timed.seen_threads == {("d3-bench-0", True)}
 
@@ -325,7 +326,8 @@ def params(**over: Any) -> dict[str, Any]:
             "latency_requests": [{"label": "q2", "body": {"questions": {"a": 1, "b": 1}}},
                                  {"label": "q4", "body": {"questions": {"a": 1, "b": 1, "c": 1, "d": 1}}}],
             "load_request": "q4", "warmup": 2, "samples": 1, "concurrency": [1, 2], "duration_s": 1.0, "max_requests": 0,
-            "request_rates": [], "load_targets": [], "seed": 0, "slo_ms": 0.0, "metrics_path": ""}
+            "request_rates": [], "load_targets": [], "seed": 0, "slo_ms": 0.0, "metrics_path": "", "repeats": 1,
+            "max_inflight": 256}
     return {**base, **over}
 
 
@@ -342,8 +344,8 @@ def test_a_target_in_four_steps(timed: type[Timed]) -> None:
                          ("POST", "/p", q4), ("POST", "/p", q4), ("POST", "/p", b'{"model": "m", "questions": {"a": 1, "b": 1}}'),
                          ("POST", "/p", q4), ("close", "http://u")]
     assert all(c == ("POST", "/p", q4) or c[0] == "close" for c in calls[8:])
-    # the target's client, then one per load thread (1 + 2), all with the global key
-    assert [c for c in timed.CALLS if c[0] == "new"] == [("new", "http://u", 7.0, "global")] * 4
+    # the target's client, then per level its warm-up's and one per load thread (1 + 1, 1 + 2), all with the global key
+    assert [c for c in timed.CALLS if c[0] == "new"] == [("new", "http://u", 7.0, "global")] * 6
     one, two = out["throughput"]
     assert (one["concurrency"], one["questions"], two["concurrency"], two["questions"]) == (1, 4, 2, 4)
     assert "_ok" not in one and one["questions_per_s"] == round(one["requests_per_s"] * 4, 2) > 0
@@ -369,10 +371,14 @@ def test_questions_per_s_is_rounded_to_2_places(timed: type[Timed], monkeypatch:
     timed.SCRIPT = {("GET", "/health"): [(200, b"")], ("GET", "/version"): [(200, b"{}")], ("POST", "/p"): [(200, b"{}")]}
     monkeypatch.setattr(bench_load, "load_level", lambda *a: {"requests": 3, "errors": 1, "elapsed_s": 1.3, "_ok": 2})
     out = bench_load.bench_target(params(concurrency=[5]), {"name": "n", "url": "u", "model": "m"})
-    # 2 requests of 4 questions in 1.3 s
-    assert out["throughput"] == [{"concurrency": 5, "questions": 4, "requests": 3, "errors": 1, "elapsed_s": 1.3,
-                                  "requests_per_s": 0.0, "questions_per_s": 0.0, "good": None, "goodput_per_s": None,
-                                  "input_tokens_per_s": None, "metrics": {}}]
+    # the level's own row counts what was sent; its rates come from the records inside its window (none here)
+    assert out["throughput"] == [{"concurrency": 5, "questions": 4, "requests": 3, "errors": 1, "error_examples": [],
+                                  "elapsed_s": 1.3, "requests_per_s": 0.0, "questions_per_s": 0.0, "good": None,
+                                  "goodput_per_s": None, "input_tokens_per_s": None, "n": 0, "mean": None, "min": None,
+                                  "p50": None, "p95": None, "p99": None, "max": None, "interval": NONE,
+                                  "unsupported": ["p50", "p95", "p99"], "window": {"ramp_s": 0.2, "length_s": 0.8},
+                                  "runs": [{"run": 1, "requests_per_s": 0.0, "goodput_per_s": None, "p50": None, "n": 0}],
+                                  "metrics": {}}]
 
 
 def test_an_unhealthy_target_is_closed_and_skipped(timed: type[Timed]) -> None:
@@ -429,14 +435,15 @@ def test_module_stops_between_targets(capsys: pytest.CaptureFixture[str], tmp_pa
 
 @pytest.mark.parametrize(
     "bad",
-    [{"concurrency": [1, 0]}, {"samples": -1}, {"duration_s": 0}, {"duration_s": -1.0}],
+    [{"concurrency": [1, 0]}, {"samples": -1}, {"duration_s": 0}, {"duration_s": -1.0}, {"repeats": 0}, {"max_inflight": 0}],
 )
 def test_module_refuses_bad_settings(capsys: pytest.CaptureFixture[str], bad: dict[str, Any]) -> None:
     out = run_module(bench_load, capsys, targets=[{"name": "a", "url": "u", "model": "m"}], **bad)
     conc = bad.get("concurrency", [1, 4, 16])
     assert out["failed"] is True
     assert out["msg"] == (f"concurrency levels must be >= 1 (got {conc}), request_rates > 0 (got []), samples >= 0, "
-                          "duration_s > 0 and slo_ms >= 0")
+                          f"duration_s > 0, slo_ms >= 0, repeats >= 1 (got {bad.get('repeats', 1)}) and max_inflight >= 1 "
+                          f"(got {bad.get('max_inflight', 256)})")
 
 
 def test_module_accepts_the_edges_of_the_settings(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

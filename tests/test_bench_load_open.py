@@ -173,12 +173,125 @@ def test_a_target_runs_the_rates_on_the_load_targets_only(fake: tuple[type[Fake]
     p = {"api_key": None, "timeout": 7.0, "path": "/p", "cases": [], "warmup": 0, "samples": 1, "load_request": "q4",
          "latency_requests": [{"label": "q4", "body": {"questions": {"a": 1, "b": 1, "c": 1, "d": 1}}}],
          "concurrency": [], "duration_s": 0.5, "max_requests": 0, "request_rates": [6.0], "load_targets": ["t"],
-         "seed": 3, "slo_ms": 20.0, "metrics_path": ""}
+         "seed": 3, "slo_ms": 20.0, "metrics_path": "", "repeats": 1, "max_inflight": 256}
     fk.SCRIPT = [(200, b"", 1.0), (200, b'{"version": "v"}', 1.0), (200, ANSWER, 10.0)]
     out = bench_load.bench_target(p, {"name": "t", "url": "u", "model": "m"})
     (rate,) = out["rate"]
     assert rate["rate"] == 6.0 and rate["questions"] == 4 and rate["metrics"] == {} and rate["good"] == rate["n"]
-    assert rate["input_tokens_per_s"] == round(412 * rate["n"] / rate["elapsed_s"], 2)
+    counted = [r for r in out["records"] if r.get("window") == "in"]  # scheduled after the ramp, answered in time
+    assert rate["window"] == {"ramp_s": 0.05, "length_s": 0.45} and counted
+    assert rate["input_tokens_per_s"] == round(412 * len(counted) / 0.45, 2)
     assert {r["phase"] for r in out["records"]} == {"latency", "open"}
     other = bench_load.bench_target({**p, "load_targets": ["x"]}, {"name": "t", "url": "u", "model": "m"})
     assert other["rate"] == [] and other["throughput"] == []
+
+
+# --------------------------------------------------------------------------------------------- issue 34: the schedule
+def test_a_full_cap_makes_requests_late_and_the_lag_counts_from_the_schedule(fake: tuple[type[Fake], Clock]) -> None:
+    """One slot, every answer held: the first goes out on time, the next ones wait (their lag grows) until the
+    schedule ends, then the rest are not sent - recorded with their intended time and no send time."""
+    fk, clock = fake
+    fk.SCRIPT, fk.HOLD = [(-8, b"", 1.0)], threading.Event()
+    rec = bench_load.Recorder()
+    schedule = bench_load.arrivals(20.0, 0.5, 4)
+    try:
+        row = bench_load.rate_level(TARGET, "/p", b"{}", 20.0, 0.5, 0.0, 4, rec, max_inflight=1)
+    finally:
+        fk.HOLD.set()
+    unsent = [r for r in rec.records if r.get("not_sent")]
+    assert row["not_sent"] == len(unsent) == len(schedule) - 1 and row["sent_per_s"] == 2.0 and row["max_inflight"] == 1
+    assert [r["scheduled_s"] for r in unsent] == [round(s, 6) for s in schedule[1:]]
+    assert all(r["sent"] is None and r["status"] is None and r["ms"] is None for r in unsent)
+    assert unsent[0]["error"] == "not sent: 1 requests were in flight until the schedule ended"
+    assert f"{len(unsent)} not sent" in row["error_examples"]
+    assert clock.now >= 0.5  # the dispatcher waited for a slot until the schedule's end
+
+
+def test_latency_from_the_schedule_adds_the_lag(fake: tuple[type[Fake], Clock], monkeypatch: pytest.MonkeyPatch) -> None:
+    fk, clock = fake
+    fk.SCRIPT = [(200, ANSWER, 50.0)]
+    real_sleep = clock.sleep
+
+    def late(s: float) -> None:  # the dispatcher wakes 30 ms after each due time (a busy generator)
+        real_sleep(s + 0.03)
+
+    monkeypatch.setattr(clock, "sleep", late)
+    rec = bench_load.Recorder()
+    row = bench_load.rate_level(TARGET, "/p", b"{}", 5.0, 2.0, 60.0, 0, rec)
+    lags = [r["lag_ms"] for r in sorted(rec.records, key=lambda r: r["scheduled_s"])]
+    assert lags[0] == pytest.approx(30.0) and min(lags) >= 30.0 - 1e-6  # never earlier than due + 30 ms
+    assert all(r["ms_from_schedule"] == pytest.approx(r["lag_ms"] + 50.0) for r in rec.records)
+    assert row["p50"] == 50.0 and row["from_schedule"]["p50"] > 50.0 and row["lag"]["n"] == len(lags)
+
+
+def test_driven_or_not() -> None:
+    base = {"rate": 10.0, "offered_per_s": 10.0, "sent_per_s": 10.0, "lag": {"p50": 100.0}}
+    assert bench_load.driven(base, None) == (True, "")
+    assert bench_load.driven({**base, "lag": {"p50": None}}, None) == (True, "")
+    assert bench_load.driven({**base, "sent_per_s": 9.5}, None) == (True, "")  # 95 % is enough
+    limit = {"sent_per_s": 800.0}
+    assert bench_load.driven({**base, "sent_per_s": 9.4}, limit) == (
+        False, "the generator sent 9.4/s of 10/s offered; the generator's own limit, measured in this run: 800/s")
+    assert bench_load.driven({**base, "lag": {"p50": 100.1}}, None) == (
+        False, "the generator's median lag 100.1 ms exceeds the mean gap 100 ms")
+
+
+def test_the_generator_limit_is_measured_against_a_canned_local_server() -> None:
+    # real threads and sockets on 127.0.0.1, a rate any machine keeps up with (a gap of 100 ms)
+    limit = bench_load.generator_limit(10.0, 0.5, 256)
+    assert limit["probe_rate"] == 10.0 and limit["at_least"] is True and limit["sent_per_s"] > 0
+    assert limit["lag_p50_ms"] is not None and limit["lag_p50_ms"] < 100.0
+
+
+def test_window_marks_ramp_in_and_drain() -> None:
+    recs = [{"sent": 0.5, "received": 0.6, "status": 200, "ms": 100.0, "input_tokens": 4},  # ramp
+            {"sent": 1.0, "received": 1.2, "status": 200, "ms": 200.0, "input_tokens": 4},  # in
+            {"sent": 2.5, "received": 3.5, "status": 200, "ms": 1000.0, "input_tokens": 4},  # drain: latency only
+            {"sent": 2.0, "received": 2.1, "status": 500, "ms": 1.0, "input_tokens": None},  # an error inside
+            {"sent": None, "received": None, "status": None, "ms": None}]  # never sent
+    out = bench_load.window_figures(recs, 1.0, 3.0, 4, 300.0)
+    assert [r.get("window") for r in recs] == ["ramp", "in", "drain", "in", None]
+    assert (out["window_s"], out["requests_per_s"], out["good"], out["input_tokens_per_s"]) == (2.0, 0.5, 1, 2.0)
+    assert (out["n"], out["min"], out["max"]) == (2, 200.0, 1000.0)  # the drained answer's latency counts
+    # by intended time: the open loop's request belongs to the window it was due in, however late it went out
+    late = [{"sent": 1.5, "received": 1.6, "status": 200, "ms": 5.0, "ms_from_schedule": 900.0, "scheduled_s": 0.2,
+             "input_tokens": None}]
+    out = bench_load.window_figures(late, 1.0, 3.0, 4, 300.0, "ms_from_schedule", due=0.5)
+    assert late[0]["window"] == "ramp" and out["n"] == 0
+    out = bench_load.window_figures(late, 0.6, 3.0, 4, 300.0, "ms_from_schedule", due=0.5)
+    assert late[0]["window"] == "in" and out["max"] == 900.0 and out["good"] == 0
+
+
+def test_runs_are_pooled_and_kept() -> None:
+    one = {"q4": {"questions": 4, "samples_ms": [10.0, 12.0], "errors": 0, "n": 2, "p50": 11.0, "mean": 11.0}}
+    two = {"q4": {"questions": 4, "samples_ms": [20.0], "errors": 1, "n": 1, "p50": 20.0, "mean": 20.0}}
+    out = bench_load.pool_runs([one, two])["q4"]
+    assert out["samples_ms"] == [10.0, 12.0, 20.0] and out["errors"] == 1 and out["n"] == 3 and out["p50"] == 12.0
+    assert out["runs"] == [{"run": 1, "n": 2, "p50": 11.0, "mean": 11.0, "errors": 0},
+                           {"run": 2, "n": 1, "p50": 20.0, "mean": 20.0, "errors": 1}]
+    assert bench_load.pool_runs([]) == {}
+
+
+def test_repeats_interleave_the_levels_and_keep_each_run(fake: tuple[type[Fake], Clock], monkeypatch: pytest.MonkeyPatch) -> None:
+    fk, _ = fake
+    order: list[int] = []
+
+    def level(target: dict, path: str, payload: bytes, c: int, *rest: Any) -> dict:
+        order.append(c)
+        return {"requests": 1, "errors": 0, "error_examples": [], "elapsed_s": 1.0, "_ok": 1}
+
+    monkeypatch.setattr(bench_load, "load_level", level)
+    fk.SCRIPT = [(200, b"", 1.0), (200, b'{"version": "v"}', 1.0), (200, ANSWER, 10.0)]
+    p = {"api_key": None, "timeout": 7.0, "path": "/p", "cases": [], "warmup": 1, "samples": 3, "load_request": "q4",
+         "latency_requests": [{"label": "q4", "body": {"questions": {"a": 1, "b": 1, "c": 1, "d": 1}}}],
+         "concurrency": [1, 4], "duration_s": 1.0, "max_requests": 0, "request_rates": [], "load_targets": [],
+         "seed": 0, "slo_ms": 0.0, "metrics_path": "", "repeats": 3, "max_inflight": 256}
+    out = bench_load.bench_target(p, {"name": "t", "url": "u", "model": "m"})
+    assert order == [1, 4, 1, 4, 1, 4]  # run 1 of every level, then run 2, ...
+    assert [len(t["runs"]) for t in out["throughput"]] == [3, 3] and [t["concurrency"] for t in out["throughput"]] == [1, 4]
+    q4 = out["latency"]["q4"]
+    assert [r["run"] for r in q4["runs"]] == [1, 2, 3] and q4["n"] == 9
+    assert sorted({r["run"] for r in out["records"] if r["phase"] == "latency"}) == [1, 2, 3]
+    # a warm-up before each latency run and each level: 3 + 6 untimed requests, not recorded
+    posts = [c for c in fk.CALLS if c[0] == "POST"]
+    assert len(posts) == 3 * (1 + 3) + 6 and len([r for r in out["records"] if r["phase"] == "latency"]) == 9

@@ -74,8 +74,8 @@ PUBLISHED = {
 
 def test_latency_vs_concurrency_shows_only_the_measured_levels_and_a_supported_p99(figures: list[Any], tmp_path: Path) -> None:
     report = {"simulated": False, "instances": [
-        inst("big", throughput=[thr(16, 900.0, 1500.0) | {"n": 150}, thr(1, 470.0, 520.0) | {"n": 20},
-                                thr(4, None, 0.0), thr(4, 600.0, 800.0) | {"n": 100}]),
+        inst("big", throughput=[thr(16, 900.0, 1500.0) | {"n": 400}, thr(1, 470.0, 520.0) | {"n": 367},
+                                thr(4, None, 0.0), thr(4, 600.0, 800.0) | {"n": 368}]),
         inst("idle", throughput=[thr(1, None, 1.0)]),
         inst("none"),
         inst("down", health=503, throughput=[thr(64, 1.0, 1.0)]),
@@ -87,7 +87,7 @@ def test_latency_vs_concurrency_shows_only_the_measured_levels_and_a_supported_p
     (ax,) = fig.axes
     assert [(ln.get_label(), ln.get_xdata().tolist(), ln.get_ydata().tolist()) for ln in ax.get_lines()] == [
         ("h1/big (d3-big) p50", [1, 4, 16], [470.0, 600.0, 900.0]),
-        ("h1/big (d3-big) p99 (n >= 100)", [4, 16], [800.0, 1500.0]),  # n = 20 at concurrency 1: no p99
+        ("h1/big (d3-big) p99 (n >= 368)", [4, 16], [800.0, 1500.0]),  # n = 367 at concurrency 1: no p99
         ("h1/small (d3-small) p50", [2], [100.0]),
     ]
     p50, p99, small = ax.get_lines()
@@ -166,20 +166,25 @@ def test_reliability_bins_against_the_diagonal(figures: list[Any], tmp_path: Pat
     finished(fig, "Reliability: confidence against observed accuracy", simulated=True)
 
 
-def test_load_open_loop_against_the_closed_loop(figures: list[Any], tmp_path: Path) -> None:
-    rate = [{"offered_per_s": 60.0, "p50": 900.0, "goodput_per_s": 5.0}, {"offered_per_s": 4.0, "p50": 80.0, "goodput_per_s": 4.0}]
-    closed = [{"concurrency": 4, "requests_per_s": 30.0, "p50": 120.0, "goodput_per_s": 30.0}, {"concurrency": 1, "p50": None}]
+def test_load_open_loop_against_the_offered_rate_only(figures: list[Any], tmp_path: Path) -> None:
+    rate = [{"offered_per_s": 60.0, "p50": 90.0, "goodput_per_s": 5.0, "from_schedule": {"p50": 900.0}},
+            {"offered_per_s": 4.0, "p50": 80.0, "goodput_per_s": 4.0, "driven": True, "from_schedule": {"p50": 81.0}},
+            {"offered_per_s": 2000.0, "p50": 50.0, "driven": False}]
+    closed = [{"concurrency": 4, "requests_per_s": 30.0, "p50": 120.0, "goodput_per_s": 30.0}]
     report = {"simulated": False, "settings": {"slo_ms": 250}, "instances": [inst("m", rate=rate, throughput=closed), inst("x")]}
     bench_plot.load(report, {}, str(tmp_path / "load.png"))
     (fig,) = figures
     lat, good = fig.axes
-    assert lat.get_lines()[0].get_xydata().tolist() == [[4.0, 80.0], [60.0, 900.0]]
-    assert good.get_lines()[0].get_xydata().tolist() == [[4.0, 4.0], [60.0, 5.0]]
-    assert good.get_lines()[1].get_xydata().tolist() == [[4.0, 4.0], [60.0, 60.0]]  # the offered rate
-    assert lat.collections[0].get_offsets().tolist() == [[30.0, 120.0]] and good.collections[0].get_offsets().tolist() == [[30.0, 30.0]]
-    assert lat.collections[0].get_label() == "h1/m (d3-m) closed loop c=4"
-    assert good.get_ylabel() == "goodput: answers within 250 ms per s" and lat.get_yscale() == "log"
-    finished(fig, "Open loop (Poisson arrivals) against the closed loop", simulated=False)
+    assert lat.get_lines() == [] and good.get_lines() == []  # points only: nothing joins two levels
+    sched, send, no_lat = lat.collections
+    assert sched.get_offsets().tolist() == [[4.0, 81.0], [60.0, 900.0]] and sched.get_label() == "h1/m (d3-m) p50 from the schedule"
+    assert send.get_offsets().tolist() == [[4.0, 80.0], [60.0, 90.0]] and len(send.get_facecolors()) == 0
+    assert no_lat.get_offsets().tolist() == [[2000.0, 1.0]] and "not driven" in no_lat.get_label()
+    goodput, no_good = good.collections
+    assert goodput.get_offsets().tolist() == [[4.0, 4.0], [60.0, 5.0]] and no_good.get_offsets().tolist() == [[2000.0, 0.0]]
+    assert good.get_ylabel() == "goodput: answers within 250 ms of the schedule per s" and lat.get_yscale() == "log"
+    assert {lat.get_xlabel(), good.get_xlabel()} == {"offered request rate (req/s, open loop)"}  # one x quantity
+    finished(fig, "Open loop (Poisson arrivals): latency from the schedule and from the send", simulated=False)
 
 
 # --------------------------------------------------------------------------------------------- the module
@@ -254,7 +259,7 @@ def _ms(marker: str) -> list[list[float]]:
 
 
 RICH = {"simulated": False, "settings": {"slo_ms": 250}, "suite": {"name": "s", "questions": 26}, "instances": [
-    inst("a", throughput=[{"concurrency": 1, "p50": 40.0, "p99": 60.0, "n": 120, "requests_per_s": 20.0, "goodput_per_s": 19.0}],
+    inst("a", throughput=[{"concurrency": 1, "p50": 40.0, "p99": 60.0, "n": 400, "requests_per_s": 20.0, "goodput_per_s": 19.0}],
          rate=[{"offered_per_s": 8.0, "p50": 41.0, "goodput_per_s": 8.0}, {"offered_per_s": 100.0, "p50": 800.0, "goodput_per_s": 0}],
          latency={"q2": {"p50": 20.0}, "q4": {"p50": 40.0}}, score={"correct": 13, "total": 26, "interval": [0.3, 0.7],
                                                                     "reliability": {"confidence": [{"confidence": 0.7, "accuracy": 0.5,
@@ -304,20 +309,13 @@ def test_the_style_of_every_plot(figures: list[Any], tmp_path: Path) -> None:
     assert bins.lines[0].get_linestyle() == "-" and {c.get_markersize() for c in bins.lines[1]} == {6.0}
     assert rel.axes[0].get_xlabel() == "confidence of the answer given (mean per bin of 0.2)"
     assert rel.axes[0].get_ylabel() == "accuracy observed in the bin [95 %]"
-    # load: per instance its colour; the closed loop as hollow diamonds above; the offered line once
+    # load: per instance its colour, from the schedule filled, from the send hollow
     lat, good = load.axes
-    a_lat, b_lat = lat.get_lines()
-    assert (to_rgba(a_lat.get_color()), to_rgba(b_lat.get_color())) == (to_rgba("C0"), to_rgba("C1"))
-    assert a_lat.get_label() == "h1/a (d3-a) open loop, p50" and a_lat.get_marker() == "o"
-    a_good, offered_a, b_good, offered_b = good.get_lines()
-    assert a_good.get_xydata().tolist() == [[8.0, 8.0], [100.0, 0.0]] and a_good.get_label() == "h1/a (d3-a) open loop, goodput"
-    assert b_good.get_xydata().tolist() == [[8.0, 0.0]]  # no goodput: 0
-    assert (to_rgba(offered_a.get_color()), offered_a.get_linestyle(), offered_a.get_linewidth()) == (to_rgba("grey"), ":", 0.8)
-    assert offered_a.get_label() == "offered (all within the objective)" and offered_b.get_label().startswith("_")
-    for coll in (lat.collections[0], good.collections[0]):
-        assert coll.get_paths()[0].vertices.round(6).tolist() == _ms("D") and len(coll.get_facecolors()) == 0
-        assert to_rgba(coll.get_edgecolors()[0]) == to_rgba("C0") and coll.get_sizes().tolist() == [60] and coll.get_zorder() == 5
-        assert coll.get_label() == "h1/a (d3-a) closed loop c=1"
-    assert good.collections[0].get_offsets().tolist() == [[20.0, 19.0]]
-    assert lat.get_ylabel() == "4-question latency p50 (ms)"
-    assert {lat.get_xlabel(), good.get_xlabel()} == {"request rate (req/s): offered (open loop), reached (closed loop)"}
+    a_sched, a_send, b_sched, b_send = lat.collections
+    assert [to_rgba(c.get_facecolors()[0]) for c in (a_sched, b_sched)] == [to_rgba("C0"), to_rgba("C1")]
+    assert [to_rgba(c.get_edgecolors()[0]) for c in (a_send, b_send)] == [to_rgba("C0"), to_rgba("C1")]
+    a_good, b_good = good.collections
+    assert a_good.get_offsets().tolist() == [[8.0, 8.0], [100.0, 0.0]] and a_good.get_label() == "h1/a (d3-a) goodput"
+    assert b_good.get_offsets().tolist() == [[8.0, 0.0]]  # no goodput: 0
+    assert lat.get_ylabel() == "4-question latency p50 (ms, log)"
+    assert {lat.get_xlabel(), good.get_xlabel()} == {"offered request rate (req/s, open loop)"}

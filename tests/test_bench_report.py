@@ -75,10 +75,13 @@ def test_summary_is_ordered_and_rounded() -> None:
     assert s["n"] == 4 and s["min"] == 1.0 and s["max"] == 100.0 and s["mean"] == 27.3
     assert s["min"] <= s["p50"] <= s["p95"] <= s["p99"] <= s["max"]
     assert summary([]) == {"n": 0, "mean": None, "min": None, "p50": None, "p95": None, "p99": None, "max": None,
-                           "unsupported": ["p50", "p95", "p99"]}
-    # 0..100: each percentile is its own rank, so p50, p95 and p99 are those percentiles, not neighbours
+                           "interval": {"p50": None, "p95": None, "p99": None}, "unsupported": ["p50", "p95", "p99"]}
+    # 0..100: each percentile is its own rank, so p50, p95 and p99 are those percentiles, not neighbours; their
+    # order-statistic intervals (scipy.stats.quantile_test's ranks for n = 101: 41-61, 91-101); p99 needs 368
     assert summary([float(v) for v in range(101)]) == {"n": 101, "mean": 50.0, "min": 0.0, "p50": 50.0, "p95": 95.0,
-                                                      "p99": 99.0, "max": 100.0, "unsupported": []}
+                                                      "p99": 99.0, "max": 100.0,
+                                                      "interval": {"p50": [40.0, 60.0], "p95": [90.0, 100.0], "p99": None},
+                                                      "unsupported": ["p99"]}
 
 
 def test_filter_plugin_exports() -> None:
@@ -276,13 +279,13 @@ def test_table_is_laid_out_like_the_field_report_with_published_rows() -> None:
     text = "\n".join(lines)
     assert lines[0].startswith("SIMULATED:")
     assert "Config" in text and "2-question latency" in text and "4-question latency" in text
-    # n = 3: p95 and p99 are not shown as numbers, the rule is
-    assert any("h1/big (d3) [SIMULATED]" in ln and "240 / (p95 needs n>=20) / (p99 needs n>=100) ms, n=3" in ln for ln in lines)
+    # n = 3: no percentile has a distribution-free interval: none is shown as a number
+    assert any("h1/big (d3) [SIMULATED]" in ln and "(n too small) / (n too small) / (n too small) ms, n=3" in ln for ln in lines)
     assert any(ln.startswith("Model") and "Accuracy" in ln and "4q p50" in ln and "GPUs" in ln and "Decision Index" in ln
                for ln in lines)
     # published rows: accuracy with its interval, total GPUs (2 for d3-27B; qw14b's total unknown)
     assert any("d3-27B [published: field report, its own 19 questions]" in ln and "19/19 = 1.00 [0.83-1.00]" in ln
-               and "470ms" in ln and "  2  " in ln and "66.26" in ln for ln in lines)
+               and "470 ms" in ln and "  2  " in ln and "66.26" in ln for ln in lines)
     assert any("qw14b NextToken [published" in ln and "  -  " in ln for ln in lines)
     assert any("d3 27B + expandable_segments [published: field report]" in ln and "~240ms" in ln for ln in lines)
     assert any("h1/big (d3) [SIMULATED]" in ln and "1/5 = 0.20 [0.04-0.62]" in ln and "66.26" in ln for ln in lines)

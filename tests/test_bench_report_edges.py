@@ -241,6 +241,8 @@ def test_score_cases_rows_and_rounding() -> None:
                                        {"low": 0.8, "high": 1.0, "n": 1, "confidence": 0.8, "accuracy": 0.0,
                                         "interval": [0.0, 0.7935]}],
                         "api_confidence": []},
+        # ECE over the same bins: 1/2 x |1.0 - 0.6667| + 1/2 x |0.0 - 0.8|
+        "ece": {"confidence": {"value": 0.5667, "n": 2, "binning": "5 equal-width bins on [0, 1]"}, "api_confidence": None},
         "unanswered": 1, "failed_requests": 0,
     }
     assert rows[0] == {"case": "a", "question": "team", "type": "choice", "expected": "billing", "tags": ["trick"],
@@ -264,7 +266,7 @@ def test_score_cases_of_a_suite_without_questions() -> None:
                    "calibration": {}, "confidence": {k: {"right": None, "wrong": None, "n_right": 0, "n_wrong": 0}
                                                      for k in ("confidence", "api_confidence")},
                    "reliability": {"confidence": [], "api_confidence": []}, "unanswered": 0, "failed_requests": 0,
-                   "questions": []}
+                   "ece": {"confidence": None, "api_confidence": None}, "questions": []}
 
 
 def test_answers_of_a_failed_or_malformed_request_are_ignored() -> None:
@@ -313,7 +315,7 @@ def test_report_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(time, "gmtime", lambda *_: time.struct_time((2026, 3, 4, 5, 6, 7, 2, 63, 0)))
     report = b.bench_report([odd_host()], ONE_CASE, {"d3-odd": {"decision_index": 60}, "External": {}}, None, ["+sim"])
     score = b.score_cases([], ONE_CASE)
-    common = {"host": "h2", "image_ref": "", "latency": {}, "throughput": [], "rate": [],
+    common = {"host": "h2", "image_ref": "", "latency": {}, "throughput": [], "rate": [], "generator_limit": None,
               "record": {"image_ref": "", "image": None, "revision": None, "args": [], "env": {}, "tensor_parallel_size": None,
                          "gpu_memory_utilization": None, "max_model_len": None}}
     assert report == {
@@ -371,8 +373,9 @@ def entry(name: str, sim: bool, **over: Any) -> dict[str, Any]:
 def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
     report = {"simulated": True, "suite": {"name": "s", "cases": 2, "questions": 3}, "instances": [
         entry("a", True, gpu_count=2, gpus=[0, 1], decision_index=66.26,
-              latency={"q2": {"n": 25, "p50": 240.4, "p95": 250.6, "p99": None},
-                       "q4": {"n": 100, "p50": 470.5, "p95": 480.0, "p99": 490.0}},
+              latency={"q2": {"n": 25, "p50": 240.4, "p95": 250.6, "p99": None, "interval": {"p50": [230.1, 250.0]}},
+                       "q4": {"n": 100, "p50": 470.5, "p95": 480.0, "p99": 490.0, "runs": [{}, {}],
+                              "interval": {"p50": [460.0, 480.2], "p95": [475.0, 499.0], "p99": None}}},
               throughput=[{"concurrency": 4, "requests_per_s": 7.96, "questions_per_s": 31.84, "p50": 400.2, "p99": 512.7,
                            "n": 120, "errors": 1, "goodput_per_s": 6.5, "input_tokens_per_s": 3200.4,
                            "metrics": {"before": {"vllm:request_queue_time_seconds_sum": 1.0,
@@ -384,7 +387,12 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
                           {"concurrency": 1, "requests_per_s": 2.04, "questions_per_s": 8.5, "p99": None, "errors": 0,
                            "metrics": {"before": {"vllm:num_requests_running": None}}}],
               rate=[{"rate": 8.0, "offered_per_s": 7.5, "requests_per_s": 6.0, "p50": 700.0, "p99": 2500.0, "n": 15,
-                     "errors": 0, "goodput_per_s": 1.2}],
+                     "errors": 0, "goodput_per_s": 1.2, "sent_per_s": 7.5, "not_sent": 0, "driven": True,
+                     "lag": {"p50": 0.4, "p99": 2.5}, "from_schedule": {"n": 15, "p50": 701.0, "p99": 2600.0}},
+                    {"rate": 2000.0, "offered_per_s": 1990.0, "requests_per_s": 50.0, "p50": 50.0, "n": 500,
+                     "errors": 9, "sent_per_s": 1010.0, "not_sent": 9, "driven": False, "lag": {"p50": 984.0, "p99": 1900.0},
+                     "not_driven": "the generator sent 1010/s of 1990/s offered"}],
+              generator_limit={"sent_per_s": 1100.0, "probe_rate": 20000.0},
               memory={"used_mib": 40010, "budget_mib": 43764,
                       "per_gpu": [{"shared_with": ["zeta"]}, {"shared_with": ["alpha", "zeta"]}]},
               score={"correct": 1, "total": 2, "accuracy": 0.5, "interval": [0.0945, 0.9055], "by_type": {"noul": {
@@ -393,9 +401,11 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
                   "calibration": {"noul": {"rule": "brier", "value": 0.12345, "n": 2}},
                   "confidence": {"confidence": {"right": 0.876, "wrong": None, "n_right": 1, "n_wrong": 0}},
                   "reliability": {"confidence": [{"low": 0.8, "high": 1.0, "n": 1, "confidence": 0.876, "accuracy": 1.0,
-                                                  "interval": [0.2065, 1.0]}]}}),
+                                                  "interval": [0.2065, 1.0]}]},
+                  "ece": {"confidence": {"value": 0.124, "n": 1, "binning": "5 equal-width bins on [0, 1]"}}}),
         entry("b", False, gpus=[], gpu_count=0,
-              throughput=[{"concurrency": 16, "requests_per_s": 30.0, "questions_per_s": 120.0, "p99": 900.0, "errors": 0}],
+              throughput=[{"concurrency": 16, "requests_per_s": 30.0, "questions_per_s": 120.0, "p99": 900.0, "errors": 0,
+                           "runs": [{}, {}, {}]}],
               memory={"used_mib": None, "budget_mib": None, "per_gpu": []},
               score={"correct": 2, "total": 2, "accuracy": 1.0, "interval": [0.3424, 1.0],
                      "calibration": {"score": {"rule": "rps", "value": 0.0, "n": 2}},
@@ -409,21 +419,22 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
     assert b.bench_table(report, published) == [
         "SIMULATED: these endpoints are the lab's vLLM simulator (a stand-in); no figure below is a property of D3.",
         '',
-        'Latency [SIMULATED] (p50 / p95 / p99 and n, one request at a time)',
-        '  a pQ needs n >= 100/(100-Q) (p95: 20, p99: 100), else it is the largest samples: shown as such',
-        'Config                          2-question latency      4-question latency',
-        'h/a (m-a) [SIMULATED]           240 / 251 / - ms, n=25  470 / 480 / 490 ms, n=100',
-        'h/b (m-b)                       -                       -',
-        'cfgA [published: field report]  ~300ms                  ~490ms',
-        'cfgB [published: blog]          -                       -',
+        'Latency [SIMULATED] (p50 / p95 / p99 [distribution-free 95 % interval] and n, one request at a time)',
+        "  a percentile is shown where n allows its interval (order statistics: p50 n >= 6, p95 72, p99 368), else '(n too small)'",
+        'Config                          2-question latency                          4-question latency',
+        'h/a (m-a) [SIMULATED]           240 [230-250] / (n too small) / - ms, n=25  470 [460-480] / 480 [475-499] /'
+        ' (n too small) ms, n=100, 2 runs',
+        'h/b (m-b)                       -                                           -',
+        'cfgA [published: field report]  ~300ms                                      ~490ms',
+        'cfgB [published: blog]          -                                           -',
         '',
         'Accuracy [SIMULATED] (suite s: 2 cases, 3 questions; [95 % Wilson interval])',
         "  GPUs: total per instance; the published totals read from the report's 'Extra GPUs' (d3_bench_published)",
-        'Model                                               Accuracy                  4q p50  GPUs  Decision Index',
-        'h/a (m-a) [SIMULATED]                               1/2 = 0.50 [0.09-0.91]    470ms   2     66.26',
-        'h/b (m-b)                                           2/2 = 1.00 [0.34-1.00]    -ms     0     -',
-        'pm [published: field report, its own 19 questions]  19/19 = 1.00 [0.83-1.00]  170ms   -     ~45',
-        'pn [published: paper, its own 19 questions]         17/19 = 0.89 [0.69-0.97]  215ms   -     -',
+        'Model                                               Accuracy                  4q p50            GPUs  Decision Index',
+        'h/a (m-a) [SIMULATED]                               1/2 = 0.50 [0.09-0.91]    470 [460-480] ms  2     66.26',
+        'h/b (m-b)                                           2/2 = 1.00 [0.34-1.00]    - ms              0     -',
+        'pm [published: field report, its own 19 questions]  19/19 = 1.00 [0.83-1.00]  170 ms            -     ~45',
+        'pn [published: paper, its own 19 questions]         17/19 = 0.89 [0.69-0.97]  215 ms            -     -',
         '',
         'Accuracy per question type and per case tag [SIMULATED] [95 % Wilson interval]',
         'Instance               noul                    tag trick',
@@ -432,25 +443,37 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
         '',
         'Calibration [SIMULATED] (0 is perfect: multi-class Brier (choice), binary Brier (noul), RPS (score))',
         "  mean confidence right/wrong: p(given) of the answer given; API: the answer's own `confidence`",
-        'Instance               proper scores           confidence right/wrong',
-        'h/a (m-a) [SIMULATED]  noul Brier 0.123 (n=2)  p(given) 0.88/- (n=1/0); API -/- (n=0/0)',
-        'h/b (m-b)              score RPS 0.000 (n=2)   p(given) -/- (n=0/0); API 1.00/0.25 (n=2/1)',
+        'Instance               proper scores                                                                      confidence right/wrong',
+        'h/a (m-a) [SIMULATED]  noul Brier 0.123 (n=2); ECE 0.124 (n=1, 5 equal-width bins on [0, 1] of p(given)) '
+        ' p(given) 0.88/- (n=1/0); API -/- (n=0/0)',
+        'h/b (m-b)              score RPS 0.000 (n=2)                                                             '
+        ' p(given) -/- (n=0/0); API 1.00/0.25 (n=2/1)',
         '',
         'Reliability [SIMULATED] (p(given) in bins against the accuracy observed in each)',
         'Instance               confidence bin  n  mean confidence  accuracy [95 %]',
         'h/a (m-a) [SIMULATED]  0.8-1.0         1  0.88             1/1 = 1.00 [0.21-1.00]',
         '',
         'Throughput [SIMULATED], closed loop (? s per level, 4-question requests)',
+        '  each level after its warm-up; its first fifth (the ramp) and the answers after its end (the drain) are'
+        ' outside its window: rates over the window, latency of the requests sent in it',
         "  goodput: answers within - ms per s; after |: the server's /metrics (halfway; queue: over the level)",
         'Instance               concurrency  figures',
-        'h/a (m-a) [SIMULATED]  1            2.0 req/s p50 - p99 -ms n=0 err 0 | no vLLM metrics',
-        'h/a (m-a) [SIMULATED]  4            8.0 req/s goodput 6.5/s 3200 tok/s p50 400 p99 513ms n=120 err 1 '
-        '| run 4 wait 0 kv 12% queue 25ms',
-        'h/b (m-b)              16           30.0 req/s p50 - p99 (p99 needs n>=100)ms n=0 err 0 | -',
+        'h/a (m-a) [SIMULATED]  1            2.0 req/s p50 - p99 - ms n=0 err 0 | no vLLM metrics',
+        'h/a (m-a) [SIMULATED]  4            8.0 req/s goodput 6.5/s 3200 tok/s p50 400 p99 (n too small) ms n=120 err'
+        ' 1 | run 4 wait 0 kv 12% queue 25ms',
+        'h/b (m-b)              16           30.0 req/s (3 runs) p50 - p99 (n too small) ms n=0 err 0 | -',
         '',
-        'Request rate [SIMULATED], open loop (Poisson arrivals, sent on schedule whatever the answers do)',
-        'Instance               rate               figures',
-        'h/a (m-a) [SIMULATED]  8/s (offered 7.5)  6.0 req/s goodput 1.2/s p50 700 p99 (p99 needs n>=100)ms n=15 err 0 | -',
+        'Request rate [SIMULATED], open loop (Poisson arrivals, due on schedule whatever the answers do)',
+        '  latency from the schedule (the intended send time: what a client arriving then waited) and from the actual'
+        ' send; lag: how late the generator sent; its first tenth (ramp) and the answers after the schedule (drain)'
+        ' are outside the window; goodput judged from the schedule',
+        "  the generator's own limit, measured in this run: h/a (m-a) [SIMULATED] 1100/s (probe 20000/s)",
+        'Instance               rate                     figures',
+        'h/a (m-a) [SIMULATED]  8/s (offered 7.5)        6.0 req/s goodput 1.2/s | from schedule p50 701 p99 (n too'
+        ' small) ms | from send p50 700 p99 (n too small) ms n=15 | sent 7.5/s, lag p50 0 p99 2 ms, not sent 0 | err 0'
+        ' | -',
+        'h/a (m-a) [SIMULATED]  2000/s (offered 1990.0)  NOT DRIVEN: the generator sent 1010/s of 1990/s offered (sent'
+        ' 1010/s, lag p50 984 p99 1900 ms, not sent 9): no server figure',
         '',
         "GPUs and memory [SIMULATED] (nvidia-smi after the load; a shared GPU's use split by planned budgets)",
         'Instance               GPUs  used MiB  planned MiB  shares GPUs with',
@@ -464,15 +487,15 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
 def test_table_of_a_measured_report_without_published_rows() -> None:
     report = {"suite": {"name": "t", "cases": 1, "questions": 1}, "settings": {"duration_s": 2.5}, "instances": [entry("z", False)]}
     assert b.bench_table(report) == [
-        'Latency (p50 / p95 / p99 and n, one request at a time)',
-        '  a pQ needs n >= 100/(100-Q) (p95: 20, p99: 100), else it is the largest samples: shown as such',
+        'Latency (p50 / p95 / p99 [distribution-free 95 % interval] and n, one request at a time)',
+        "  a percentile is shown where n allows its interval (order statistics: p50 n >= 6, p95 72, p99 368), else '(n too small)'",
         'Config     2-question latency  4-question latency',
         'h/z (m-z)  -                   -',
         '',
         'Accuracy (suite t: 1 cases, 1 questions; [95 % Wilson interval])',
         "  GPUs: total per instance; the published totals read from the report's 'Extra GPUs' (d3_bench_published)",
         'Model      Accuracy                4q p50  GPUs  Decision Index',
-        'h/z (m-z)  0/2 = 0.00 [0.00-0.66]  -ms     1     -',
+        'h/z (m-z)  0/2 = 0.00 [0.00-0.66]  - ms    1     -',
         '',
         'Accuracy per question type and per case tag [95 % Wilson interval]',
         'Instance',
@@ -487,6 +510,8 @@ def test_table_of_a_measured_report_without_published_rows() -> None:
         'Instance  confidence bin  n  mean confidence  accuracy [95 %]',
         '',
         'Throughput, closed loop (2.5 s per level, 4-question requests)',
+        '  each level after its warm-up; its first fifth (the ramp) and the answers after its end (the drain) are'
+        ' outside its window: rates over the window, latency of the requests sent in it',
         "  goodput: answers within - ms per s; after |: the server's /metrics (halfway; queue: over the level)",
         'Instance  concurrency  figures',
         '',

@@ -188,3 +188,45 @@ def test_larger_sizes_read_negations(sim: ModuleType) -> None:
     big = sim.answer(state, "u", q, profile=sim.SizeProfile("k", 0.0001, True))["noul"]
     small = sim.answer(state, "u", q, profile=sim.SizeProfile("k", 0.0001, False))["noul"]
     assert big < small
+
+
+def test_seeded_flip_stand_in_turns_the_answers_of_the_named_states(sim: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """D3_SIM_FLIP_STATES (issue 34's seeded regression, a STAND-IN): the cases whose state holds one of its words
+    get every answer turned around; the others are untouched; bench-compare's paired test lists exactly those."""
+    suite = yaml.safe_load((ROOT / "roles/d3_bench/files/suites/support-tickets.yml").read_text())
+    reqs = b.bench_requests(suite)
+    prof = sim.SizeProfile.of("vllm-sr/d3", int(52.2e9))
+
+    def score() -> dict:
+        cases = [{"id": c["id"], "status": 200, "answers": sim.decide(c["body"], "m", c["body"]["questions"], prof)["answers"]}
+                 for c in reqs["cases"]]
+        return b.score_cases(cases, suite)
+
+    monkeypatch.delenv("D3_SIM_FLIP_STATES", raising=False)
+    before = score()
+    monkeypatch.setenv("D3_SIM_FLIP_STATES", "charged twice, package , nothing-matches")
+    after = score()
+    flipped = {c["id"] for c in suite["cases"] if "charged twice" in str(c["state"]) or "package " in str(c["state"])}
+    assert len(flipped) >= 2
+    for old, new in zip(before["questions"], after["questions"], strict=True):
+        if old["case"] not in flipped:
+            assert old == new
+        elif old["type"] == "noul":
+            assert old["correct"] != new["correct"]  # a binary answer turned around: right <-> wrong
+        elif old["type"] == "choice":
+            assert old["given"] != new["given"]
+        else:
+            assert old["score"] + new["score"] == pytest.approx(2.0)  # three levels mirrored
+    bc = testkit.load_file("bench_compare_sim", ROOT / "tools/bench_compare.py")
+    paired = bc.paired_accuracy({"score": before}, {"score": after})
+    assert {f.split("/")[0] for f in paired["right_to_wrong"] + paired["wrong_to_right"]} <= flipped
+    assert paired["right_to_wrong"] or paired["wrong_to_right"]
+    # each kind turned around: the probabilities swap or mirror, the score mirrors
+    a = {"type": "score", "score": 0.4, "probabilities": {"0": 0.7, "1": 0.2, "2": 0.1}}
+    assert sim.flip_answer(a) == {"type": "score", "score": pytest.approx(1.6), "probabilities": {"0": 0.1, "1": 0.2, "2": 0.7}}
+    c = {"type": "choice", "choice": "x", "probabilities": {"x": 0.6, "y": 0.3, "z": 0.1}}
+    assert sim.flip_answer(c) == {"type": "choice", "choice": "z", "probabilities": {"x": 0.1, "y": 0.3, "z": 0.6}}
+    n = {"type": "noul", "noul": 0.8, "probabilities": {"yes": 0.8, "no": 0.2}}
+    assert sim.flip_answer(n) == {"type": "noul", "noul": pytest.approx(0.2), "probabilities": {"yes": 0.2, "no": 0.8}}
+    monkeypatch.setenv("D3_SIM_FLIP_STATES", " , ")
+    assert score()["questions"] == before["questions"]

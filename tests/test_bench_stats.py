@@ -4,6 +4,7 @@ against the contract (tests/contracts/metrics/names.yml, from vLLM's loggers.py)
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -17,13 +18,88 @@ from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_bench_stat
 
 
 def test_the_n_each_percentile_needs() -> None:
-    assert [st.min_n(q) for q in (0, 50, 90, 95, 99, 99.9)] == [1, 2, 10, 20, 100, 1000]
-    for bad in (-1, 100, 101):
+    # a distribution-free 95 % interval inside the sample needs q^n <= 0.025 (and (1-q)^n): issue 34's 72 and 368
+    assert [st.min_n(q) for q in (50, 90, 95, 99)] == [6, 36, 72, 368]
+    assert st.min_n(95, alpha=0.10) == 59  # 0.95^59 = 0.0485 <= 0.05 < 0.95^58
+    for bad in (0, -1, 100, 101):
         with pytest.raises(ValueError, match="is not within 0-100"):
             st.min_n(bad)
-    assert st.summary([1.0] * 19)["unsupported"] == ["p95", "p99"]
-    assert st.summary([1.0] * 20)["unsupported"] == ["p99"] and st.summary([1.0] * 100)["unsupported"] == []
-    assert st.summary([1.0])["unsupported"] == ["p50", "p95", "p99"]
+    assert st.summary([1.0] * 71)["unsupported"] == ["p95", "p99"]
+    assert st.summary([1.0] * 72)["unsupported"] == ["p99"] and st.summary([1.0] * 368)["unsupported"] == []
+    assert st.summary([1.0] * 5)["unsupported"] == ["p50", "p95", "p99"] and st.summary([])["unsupported"] == ["p50", "p95", "p99"]
+
+
+# scipy 1.17.1, scipy.stats.quantile_test(x, q=Q, p=P).confidence_interval(0.95) and scipy.stats.binom, in a scratch
+# venv (not a project requirement): the ranks below are what it gives (x = 1..n, so the values are the ranks)
+ORDER_RANKS = {(50, 6): (1, 6), (50, 20): (6, 15), (50, 100): (40, 61), (95, 72): (64, 72), (95, 100): (90, 100),
+               (99, 368): (360, 368), (99, 1000): (983, 997)}
+
+
+def test_order_statistic_intervals_against_scipy() -> None:
+    for (q, n), ranks in ORDER_RANKS.items():
+        assert st.order_ranks(q, n) == ranks, (q, n)
+        assert st.percentile_interval([float(x) for x in range(n, 0, -1)], q) == [float(r) for r in ranks]
+    for q, n in ((50, 5), (95, 71), (99, 367)):
+        assert st.order_ranks(q, n) is None and st.percentile_interval([1.0] * n, q) is None
+    assert st.order_ranks(50, 0) is None
+    for bad in (0, 100):
+        with pytest.raises(ValueError, match="is not within 0-100"):
+            st.order_ranks(bad, 10)
+    s = st.summary([float(x) for x in range(1, 101)])
+    assert s["interval"] == {"p50": [40.0, 61.0], "p95": [90.0, 100.0], "p99": None} and s["unsupported"] == ["p99"]
+    # the binomial the ranks come from: P(B <= 5) for n = 20, p = 1/2 (scipy.stats.binom.cdf: 0.020694732666015625)
+    assert st.binom_cdf(5, 20, 0.5) == pytest.approx(0.020694732666015625, rel=1e-12)
+    assert st.binom_cdf(-1, 3, 0.5) == 0.0 and st.binom_cdf(3, 3, 0.5) == 1.0 and st.binom_cdf(0, 3, 0.0) == 1.0
+    assert st.binom_cdf(2, 3, 1.0) == 0.0
+    st.summary([float(x) for x in range(5000)])  # large n: computed in logarithms, no overflow
+
+
+def test_exact_mcnemar_against_published_values() -> None:
+    assert st.mcnemar_exact(7, 0) == pytest.approx(0.015625)  # issue 34: 7 right -> wrong, none back: 0.016
+    assert st.mcnemar_exact(0, 7) == pytest.approx(0.015625)
+    # Fagerland, Lydersen and Laake, BMC Med Res Methodol 13 (2013) 91, table 2 (b = 1, c = 7): exact p 0.070
+    assert round(st.mcnemar_exact(1, 7), 3) == 0.070
+    assert st.mcnemar_exact(3, 10) == pytest.approx(0.09228515625)  # scipy.stats.binomtest(3, 13).pvalue
+    assert st.mcnemar_exact(5, 5) == 1.0 and st.mcnemar_exact(0, 0) == 1.0 and st.mcnemar_exact(1, 0) == 1.0
+    with pytest.raises(ValueError, match="flip counts must be >= 0"):
+        st.mcnemar_exact(-1, 2)
+
+
+def test_holm_and_benjamini_hochberg() -> None:
+    p = [0.01, 0.04, 0.03, 0.005]
+    # by hand from Holm 1979 (sorted 0.005 x 4, 0.01 x 3, 0.03 x 2, 0.04 x 1, made monotone); statsmodels 0.14
+    # multipletests(p, method="holm") gives the same
+    assert st.holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # scipy.stats.false_discovery_control(p) (Benjamini-Hochberg): [0.02, 0.04, 0.04, 0.02]
+    assert st.benjamini_hochberg(p) == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    assert st.holm([0.5, 0.9]) == [1.0, 1.0] and st.holm([]) == [] and st.benjamini_hochberg([]) == []
+    assert st.holm([0.04]) == [0.04] and st.benjamini_hochberg([0.3, 0.9]) == pytest.approx([0.6, 0.9])
+
+
+def test_welch_against_scipy() -> None:
+    # scipy.stats.ttest_ind(new, old, equal_var=False): statistic, pvalue, df and confidence_interval()
+    w = st.welch([100.0, 102.0, 98.0, 101.0, 99.0], [110.0, 111.5, 108.0, 109.0, 112.0])
+    assert w["diff"] == pytest.approx(10.1) and w["p"] == pytest.approx(1.00153645360218e-05, rel=1e-8)
+    assert w["df"] == pytest.approx(7.974449964513842) and w["interval"] == pytest.approx([7.724498709007813, 12.475501290992176])
+    w = st.welch([1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0, 8.0, 10.0])
+    assert w["p"] == pytest.approx(0.06913359319239237, rel=1e-8) and w["interval"] == pytest.approx([-0.38536808, 7.38536808])
+    assert st.t_sf2(2.5, 3.7) / 2 == pytest.approx(0.03591101145591339, rel=1e-9)  # scipy.stats.t.cdf(-2.5, 3.7)
+    assert st.t_quantile(0.975, 8) == pytest.approx(2.306004135204166) and st.t_quantile(0.975, 3.7) == pytest.approx(2.8675207071911895)
+    with pytest.raises(ValueError, match="not within"):
+        st.t_quantile(0.4, 3)
+    assert st.welch([1.0], [1.0, 2.0]) is None and st.welch([1.0, 2.0], [3.0]) is None
+    assert st.welch([5.0, 5.0], [5.0, 5.0])["p"] == 1.0 and st.welch([5.0, 5.0], [6.0, 6.0])["p"] == 0.0
+
+
+def test_sign_flip_against_scipy() -> None:
+    # scipy.stats.permutation_test((d,), sum, permutation_type="samples", n_resamples=inf): 0.0625 and 0.53125
+    assert st.sign_flip_p([0.1, -0.05, 0.2, 0.3, 0.15, 0.25, 0, 0]) == pytest.approx(0.0625)
+    assert st.sign_flip_p([0.1, -0.05, 0.2, -0.3, 0.15, 0.25, 0.01, -0.02]) == pytest.approx(0.53125)
+    assert st.sign_flip_p([0.0, 0.0]) == 1.0 and st.sign_flip_p([]) == 1.0
+    assert st.sign_flip_p([1.0] * 5) == pytest.approx(2 / 32)
+    # beyond the exact limit: the normal approximation, z = 20 / sqrt(20) for twenty +1s
+    assert st.sign_flip_p([1.0] * 20) == pytest.approx(math.erfc(math.sqrt(20) / math.sqrt(2)))
+    assert st.sign_flip_p([1.0, -1.0] * 10) == pytest.approx(1.0)
 
 
 def test_wilson_interval_worked_values() -> None:

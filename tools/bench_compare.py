@@ -1,91 +1,108 @@
 #!/usr/bin/env python3
 """bench-compare: two bench reports (playbooks/bench.yml's JSON, e.g. yesterday's nightly and today's) into one table
-and one plot of the differences, each difference flagged only when it is larger than its interval.
+and one plot of the differences, with one false-alarm budget for all of them.
 
-  tools/bench_compare.py OLD.json NEW.json [--plot diff.png]        (or: make bench-compare OLD=... NEW=...)
+  tools/bench_compare.py OLD.json NEW.json [--plot diff.png] [--json diff.json] [--method holm|bh] [--alpha 0.05]
+  (or: make bench-compare OLD=... NEW=...)
 
-Per instance present in both (host/name): accuracy, its difference with Newcombe's hybrid score interval (R. G.
-Newcombe, "Interval estimation for the difference between independent proportions", Statistics in Medicine 17
-(1998) 873-890, method 10: from the two 95 % Wilson intervals), flagged when the interval excludes 0; the 2- and
-4-question latency (one at a time): the Hodges-Lehmann shift of the two runs' samples with its distribution-free
-95 % interval (Moses, from the exact Mann-Whitney distribution; at least 4 samples a side), flagged when it excludes
-0; the three calibration scores and the closed-loop requests/s per
-concurrency, shown without a flag (the report carries no interval for them). Exit code 0; the flags are in the
-table (`CHANGED`)."""
+Per instance both reports benched (host/name), every figure that can be tested is, each with a p-value:
+- accuracy, PAIRED: both runs answered the same suite, so each (case, question) is a pair; the right -> wrong and
+  wrong -> right flips are listed by case and question and judged by the exact McNemar test (two-sided binomial test
+  of the discordant pairs: d3_bench_stats.mcnemar_exact). With greedy answers every flip is a real change of answer;
+  the test says whether the flips are beyond what chance would shuffle;
+- calibration, paired the same way: per question the proper score (Brier for choice and noul, RPS for score) new -
+  old, judged by the exact sign-flip permutation test of their mean (d3_bench_stats.sign_flip_p);
+- latency (2- and 4-question, one at a time) and closed-loop throughput per concurrency, on RUN-LEVEL figures: each
+  run's median latency (requests/s) is one observation, so the spread between runs is measured, not assumed; Welch's
+  t test on their logarithms gives the ratio new/old with its 95 % interval. With one run a side there is no spread
+  to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2).
+Every p-value of the comparison, over all instances, is one family: Holm's step-down (default; family-wise error
+rate alpha) or Benjamini-Hochberg (--method bh; false discovery rate alpha) adjusts them, and a figure is CHANGED
+when its adjusted p <= alpha. The output names the method, alpha and the family. Exit code 0; the flags are in the
+table and the JSON."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-Z95 = 1.959963984540054
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "collections"))
+
+from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_bench_stats as st  # noqa: E402
+
+METHODS = {"holm": ("Holm (1979) step-down", "family-wise error rate", st.holm),
+           "bh": ("Benjamini-Hochberg (1995) step-up", "false discovery rate", st.benjamini_hochberg)}
+KINDS = (("choice", "choice Brier"), ("noul", "noul Brier"), ("score", "score RPS"))
 
 
-def wilson(k: int, n: int) -> tuple[float, float]:
-    p, d = k / n, 1 + Z95 * Z95 / n
-    c = (p + Z95 * Z95 / (2 * n)) / d
-    h = Z95 / d * math.sqrt(p * (1 - p) / n + Z95 * Z95 / (4 * n * n))
-    return max(0.0, c - h), min(1.0, c + h)
+def _pairs(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], dict]]:
+    def rows(inst: dict[str, Any]) -> dict[tuple[str, str], dict]:
+        return {(str(r["case"]), str(r["question"])): r for r in (inst.get("score") or {}).get("questions") or []}
+
+    return rows(old), rows(new)
 
 
-def accuracy_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """new - old accuracy with Newcombe's hybrid score 95 % interval; changed when it excludes 0."""
-    p1, p2 = a["correct"] / a["total"], b["correct"] / b["total"]
-    (l1, u1), (l2, u2) = wilson(a["correct"], a["total"]), wilson(b["correct"], b["total"])
-    d = p2 - p1
-    low, high = d - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2), d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
-    return {"old": p1, "new": p2, "diff": d, "interval": [low, high], "changed": not low <= 0.0 <= high}
-
-
-def u_counts(m: int, n: int) -> list[int]:
-    """How many of the C(m + n, m) orderings of two samples give each Mann-Whitney U (0..m*n) when nothing changed
-    (Mann and Whitney 1947): f(m, n, u) = f(m - 1, n, u - n) + f(m, n - 1, u)."""
-    table = {(0, j): [1] for j in range(n + 1)} | {(i, 0): [1] for i in range(m + 1)}
-    for i in range(1, m + 1):
-        for j in range(1, n + 1):
-            a, b = table[(i - 1, j)], table[(i, j - 1)]
-            table[(i, j)] = [(a[u - j] if 0 <= u - j < len(a) else 0) + (b[u] if u < len(b) else 0) for u in range(i * j + 1)]
-    return table[(m, n)]
-
-
-def shift_interval(old: list[float], new: list[float], alpha: float = 0.05) -> tuple[float, list[float] | None, float]:
-    """(Hodges-Lehmann shift new - old, its distribution-free 1 - alpha interval or None when the samples are too few
-    for one, the exact two-sided Mann-Whitney p): the interval runs from the k-th smallest to the k-th largest of the
-    m x n pairwise differences, k the largest with P(U < k) <= alpha / 2 (Moses; Hollander and Wolfe, Nonparametric
-    Statistical Methods, 4.3). It excludes 0 exactly when the test rejects at alpha."""
-    m, n = len(old), len(new)
-    diffs = sorted(y - x for y in new for x in old)
-    counts = u_counts(m, n)
-    total = sum(counts)
-    cdf, k = 0.0, 0
-    for u, c in enumerate(counts):
-        cdf += c / total
-        if cdf > alpha / 2:
-            k = u
-            break
-    below = sum(1 for d in diffs if d < 0) + 0.5 * sum(1 for d in diffs if d == 0)
-    u_min = min(below, m * n - below)
-    p = min(1.0, 2 * sum(c for u, c in enumerate(counts) if u <= u_min) / total)
-    return statistics.median(diffs), ([diffs[k - 1], diffs[-k]] if k >= 1 else None), p
-
-
-def latency_diff(a: dict[str, Any], b: dict[str, Any], alpha: float = 0.05) -> dict[str, Any] | None:
-    """new - old latency (ms) from the two runs' samples: the Hodges-Lehmann shift with its 95 % interval; changed
-    when the interval excludes 0 (never with fewer than 4 samples a side: no interval)."""
-    if not a.get("samples_ms") or not b.get("samples_ms"):
+def paired_accuracy(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """The flips between two runs of the same suite, per (case, question) both asked: right -> wrong and wrong ->
+    right listed as "case/question", with the exact McNemar p; None when a report carries no per-question rows."""
+    before, after = _pairs(old, new)
+    both = [k for k in after if k in before]
+    if not both:
         return None
-    shift, interval, p = shift_interval(a["samples_ms"], b["samples_ms"], alpha)
-    return {"old": a["p50"], "new": b["p50"], "diff": shift, "interval": interval, "p": round(p, 4),
-            "changed": interval is not None and not interval[0] <= 0.0 <= interval[1], "n": [a["n"], b["n"]]}
+    worse = [f"{c}/{q}" for c, q in both if before[(c, q)]["correct"] and not after[(c, q)]["correct"]]
+    better = [f"{c}/{q}" for c, q in both if not before[(c, q)]["correct"] and after[(c, q)]["correct"]]
+    return {"test": "exact McNemar", "pairs": len(both), "old": sum(bool(before[k]["correct"]) for k in both),
+            "new": sum(bool(after[k]["correct"]) for k in both), "right_to_wrong": worse, "wrong_to_right": better,
+            "p": st.mcnemar_exact(len(worse), len(better))}
 
 
-def compare(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per instance in both reports (host/name), in the new report's order."""
+def paired_calibration(old: dict[str, Any], new: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The proper score of one question type, paired per (case, question) with a score in both runs: mean old, mean
+    new, the exact sign-flip p of the mean difference; None when no pair has one."""
+    before, after = _pairs(old, new)
+    both = [k for k in after if k in before and after[k].get("type") == kind
+            and before[k].get("proper") is not None and after[k].get("proper") is not None]
+    if not both:
+        return None
+    a, b = [before[k]["proper"] for k in both], [after[k]["proper"] for k in both]
+    return {"test": "paired sign-flip", "pairs": len(both), "old": sum(a) / len(a), "new": sum(b) / len(b),
+            "p": st.sign_flip_p([y - x for x, y in zip(a, b, strict=True)])}
+
+
+def run_level(old: list[float], new: list[float]) -> dict[str, Any]:
+    """Run-level figures (one per run) of old and new: {runs, old, new (means of the runs), ratio new/old and its
+    95 % interval, p} from Welch's t test on their logarithms; with fewer than 2 runs a side, no test: `single`."""
+    old = [float(x) for x in old if x is not None and x > 0]
+    new = [float(x) for x in new if x is not None and x > 0]
+    out: dict[str, Any] = {"runs": [len(old), len(new)], "old": sum(old) / len(old) if old else None,
+                           "new": sum(new) / len(new) if new else None}
+    test = st.welch([math.log(x) for x in old], [math.log(x) for x in new])
+    if test is None:
+        return {**out, "single": True, "p": None}
+    return {**out, "single": False, "test": "Welch on log run figures", "ratio": math.exp(test["diff"]),
+            "interval": [math.exp(test["interval"][0]), math.exp(test["interval"][1])], "p": test["p"]}
+
+
+def _latency_runs(inst: dict[str, Any], label: str) -> list[float]:
+    fig = (inst.get("latency") or {}).get(label) or {}
+    runs = fig.get("runs")
+    if runs:
+        return [r["p50"] for r in runs if r.get("p50") is not None]
+    return [fig["p50"]] if fig.get("p50") is not None else []  # a report from before runs: one run
+
+
+def _closed_runs(inst: dict[str, Any]) -> dict[int, list[float]]:
+    return {t["concurrency"]: [r["requests_per_s"] for r in t.get("runs") or [t]] for t in inst.get("throughput") or []}
+
+
+def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alpha: float = st.ALPHA) -> dict[str, Any]:
+    """{method, alpha, family (every test: instance, figure, p, adjusted p, changed), rows (one per instance in both
+    reports, in the new report's order)}."""
     before = {f"{i['host']}/{i['name']}": i for i in old["instances"] if i.get("health") == 200}
     rows = []
     for inst in new["instances"]:
@@ -93,66 +110,110 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
         if inst.get("health") != 200 or key not in before:
             continue
         was = before[key]
-        cal = {k: ((was["score"].get("calibration") or {}).get(k, {}).get("value"),
-                   (inst["score"].get("calibration") or {}).get(k, {}).get("value")) for k in ("choice", "noul", "score")}
-        closed = {t["concurrency"]: t["requests_per_s"] for t in was.get("throughput") or []}
+        closed_old, closed_new = _closed_runs(was), _closed_runs(inst)
         rows.append({
             "instance": key, "model": inst["model"],
             "image": ((was.get("record") or {}).get("image_ref"), (inst.get("record") or {}).get("image_ref")),
-            "accuracy": accuracy_diff(was["score"], inst["score"]),
-            "latency": {q: latency_diff(was["latency"].get(q) or {}, inst["latency"].get(q) or {}) for q in ("q2", "q4")},
-            "calibration": cal,
-            "throughput": {t["concurrency"]: (closed.get(t["concurrency"]), t["requests_per_s"])
-                           for t in inst.get("throughput") or [] if t["concurrency"] in closed},
+            "accuracy": paired_accuracy(was, inst),
+            "calibration": {kind: paired_calibration(was, inst, kind) for kind, _ in KINDS},
+            "latency": {q: run_level(_latency_runs(was, q), _latency_runs(inst, q)) for q in ("q2", "q4")},
+            "throughput": {c: run_level(closed_old[c], closed_new[c]) for c in closed_new if c in closed_old},
         })
-    return rows
-
-
-def _flag(d: dict[str, Any] | None, fmt: str) -> str:
-    if not d:
-        return "-"
-    if d["interval"] is None:
-        return f"{fmt.format(d['old'])} -> {fmt.format(d['new'])} ({d['diff']:+.3g}; too few samples for an interval)"
-    lo, hi = d["interval"]
-    return f"{fmt.format(d['old'])} -> {fmt.format(d['new'])} ({d['diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]){' CHANGED' if d['changed'] else ''}"
-
-
-def table(rows: list[dict[str, Any]], old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    sim = " [SIMULATED]" if old.get("simulated") or new.get("simulated") else ""
-    lines = [f"bench-compare{sim}: {old.get('generated')} -> {new.get('generated')} (new - old [95 % interval]; CHANGED: "
-             "the interval excludes 0)"]
+    tests = []
     for r in rows:
-        lines += [f"{r['instance']} ({r['model']}): image {r['image'][0]} -> {r['image'][1]}",
-                  f"  accuracy      {_flag(r['accuracy'], '{:.3f}')}",
-                  *(f"  {q} p50 ms     {_flag(r['latency'][q], '{:.0f}')}" for q in ("q2", "q4")),
-                  "  calibration   " + "; ".join(f"{k} {'-' if a is None else f'{a:.3f}'} -> {'-' if b is None else f'{b:.3f}'}"
-                                                 for k, (a, b) in r["calibration"].items()) + " (no interval: not flagged)",
-                  *(f"  closed loop c={c}: {a:.1f} -> {b:.1f} req/s (not flagged)" for c, (a, b) in r["throughput"].items())]
+        figures = [("accuracy", r["accuracy"]), *((f"calibration {k}", r["calibration"][k]) for k, _ in KINDS),
+                   *((f"latency {q}", r["latency"][q]) for q in ("q2", "q4")),
+                   *((f"closed loop c={c}", d) for c, d in r["throughput"].items())]
+        tests += [(r["instance"], name, d) for name, d in figures if d is not None and d.get("p") is not None]
+    name, rate, adjust = METHODS[method]
+    for (_, _, d), adj in zip(tests, adjust([d["p"] for _, _, d in tests]), strict=True):
+        d["adjusted_p"], d["changed"] = adj, adj <= alpha
+    return {"method": f"{name}, {rate} {alpha:g}", "alpha": alpha, "tests": len(tests),
+            "family": [{"instance": i, "figure": n, "p": d["p"], "adjusted_p": d["adjusted_p"], "changed": d["changed"]}
+                       for i, n, d in tests],
+            "rows": rows}
+
+
+def _p(d: dict[str, Any]) -> str:
+    return f"p {d['p']:.3g}, adjusted {d['adjusted_p']:.3g}"
+
+
+def _flag(d: dict[str, Any]) -> str:
+    return " CHANGED" if d["changed"] else ""
+
+
+def _run_line(d: dict[str, Any], unit: str, fmt: str) -> str:
+    if d["old"] is None or d["new"] is None:
+        return "-"
+    head = f"{fmt.format(d['old'])} -> {fmt.format(d['new'])} {unit}"
+    if d["single"]:
+        return (f"{head}: {d['runs'][0]} run(s) -> {d['runs'][1]}: cannot tell noise from change (not tested; "
+                "bench with d3_bench_repeats >= 2)")
+    lo, hi = d["interval"]
+    return f"{head} (x{d['ratio']:.3f} [{lo:.3f}, {hi:.3f}], Welch on {d['runs'][0]} + {d['runs'][1]} runs; {_p(d)}){_flag(d)}"
+
+
+def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    sim = " [SIMULATED]" if old.get("simulated") or new.get("simulated") else ""
+    kinds = sorted({f["figure"].split(" c=")[0] for f in result["family"]})
+    lines = [f"bench-compare{sim}: {old.get('generated')} -> {new.get('generated')}",
+             f"  one family of {result['tests']} tests ({', '.join(kinds) or 'none'}; over every instance below), "
+             f"{result['method']}: CHANGED where the adjusted p <= {result['alpha']:g}",
+             "  accuracy and calibration paired per question (exact McNemar; sign-flip); latency and throughput on "
+             "run-level figures (each run's median, or its requests/s), ratio new/old [95 %]"]
+    for r in result["rows"]:
+        lines.append(f"{r['instance']} ({r['model']}): image {r['image'][0]} -> {r['image'][1]}")
+        a = r["accuracy"]
+        if a is None:
+            lines.append("  accuracy      - (no per-question rows: not tested)")
+        else:
+            lines += [f"  accuracy      {a['old']}/{a['pairs']} -> {a['new']}/{a['pairs']}: right->wrong "
+                      f"{len(a['right_to_wrong'])}, wrong->right {len(a['wrong_to_right'])}; exact McNemar {_p(a)}{_flag(a)}",
+                      f"    right->wrong: {', '.join(a['right_to_wrong']) or '-'}",
+                      f"    wrong->right: {', '.join(a['wrong_to_right']) or '-'}"]
+        for kind, label in KINDS:
+            c = r["calibration"][kind]
+            if c is not None:
+                lines.append(f"  calibration   {label} {c['old']:.3f} -> {c['new']:.3f} (paired, n={c['pairs']}; "
+                             f"sign-flip {_p(c)}){_flag(c)}")
+        lines += [f"  {q} latency    {_run_line(r['latency'][q], 'ms (run medians)', '{:.1f}')}" for q in ("q2", "q4")]
+        lines += [f"  closed loop c={c}: {_run_line(d, 'req/s', '{:.1f}')}" for c, d in r["throughput"].items()]
     return lines
 
 
-def plot(rows: list[dict[str, Any]], path: str, simulated: bool) -> None:
+def plot(result: dict[str, Any], path: str, simulated: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 2.2), dpi=110, sharey=True)
+    rows = result["rows"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 2.4), dpi=110, sharey=True)
     ys = list(range(len(rows)))
-    for ax, what, label in ((left, "accuracy", "accuracy, new - old"), (right, "q4", "4-question p50, new - old (ms)")):
-        for y, r in zip(ys, rows, strict=True):
-            d = r["accuracy"] if what == "accuracy" else r["latency"]["q4"]
-            if not d or d["interval"] is None:
-                continue
+    for y, r in zip(ys, rows, strict=True):
+        a = r["accuracy"]
+        if a:
+            colour = "tab:red" if a["changed"] else "tab:grey"
+            left.barh([y], [-len(a["right_to_wrong"])], color=colour, height=0.6)
+            left.barh([y], [len(a["wrong_to_right"])], color=colour, height=0.6, alpha=0.5)
+        d = r["latency"]["q4"]
+        if d["old"] is None or d["new"] is None:
+            continue
+        if d["single"]:
+            right.plot([d["new"] / d["old"]], [y], marker="o", mfc="none", color="tab:grey")
+        else:
             lo, hi = d["interval"]
-            colour = "tab:red" if d["changed"] else "tab:grey"
-            ax.errorbar([d["diff"]], [y], xerr=[[d["diff"] - lo], [hi - d["diff"]]], fmt="o", color=colour, capsize=4)
-        ax.axvline(0, color="black", linewidth=0.8)
-        ax.set_xlabel(label)
+            right.errorbar([d["ratio"]], [y], xerr=[[d["ratio"] - lo], [hi - d["ratio"]]], fmt="o", capsize=4,
+                           color="tab:red" if d["changed"] else "tab:grey")
+    left.axvline(0, color="black", linewidth=0.8)
+    left.set_xlabel("answers flipped per question: right->wrong (left), wrong->right (right)")
+    right.axvline(1, color="black", linewidth=0.8)
+    right.set_xlabel("4-question latency, new / old run medians [95 %] (hollow: one run, no interval)")
+    for ax in (left, right):
         ax.grid(True, alpha=0.3)
     left.set_yticks(ys, [r["instance"] for r in rows])
     left.invert_yaxis()
-    title = "bench-compare: differences with their 95 % intervals (red: interval excludes 0, CHANGED)"
+    title = f"bench-compare: red = CHANGED ({result['method']}, {result['tests']} tests)"
     fig.suptitle(title + ("\nSIMULATED (lab stand-in): not a property of D3" if simulated else ""), fontsize=10,
                  color="darkred" if simulated else "black")
     fig.tight_layout()
@@ -166,14 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("new", type=Path)
     ap.add_argument("--plot", help="write the plot of the differences here (png or svg)")
     ap.add_argument("--json", help="write the comparison here as JSON")
+    ap.add_argument("--method", choices=sorted(METHODS), default="holm", help="multiple-comparison adjustment")
+    ap.add_argument("--alpha", type=float, default=st.ALPHA, help="the false-alarm budget of the whole family")
     args = ap.parse_args(argv)
+    if not 0.0 < args.alpha < 1.0:
+        ap.error(f"--alpha must be between 0 and 1, not {args.alpha:g}")
     old, new = json.loads(args.old.read_text()), json.loads(args.new.read_text())
-    rows = compare(old, new)
-    print("\n".join(table(rows, old, new)))
+    result = compare(old, new, args.method, args.alpha)
+    print("\n".join(table(result, old, new)))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if args.plot:
-        plot(rows, args.plot, bool(old.get("simulated") or new.get("simulated")))
+        plot(result, args.plot, bool(old.get("simulated") or new.get("simulated")))
     return 0
 
 

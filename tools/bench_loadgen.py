@@ -91,21 +91,35 @@ def wait_port(port: int) -> None:
     raise SystemExit(f"the server on port {port} did not start")
 
 
-def simulator_max(levels: list[int], duration: float) -> tuple[float, str]:
-    """The generator's best rate against the in-process LAB STAND-IN simulator serving d3-edge (the fastest size)."""
-    spec = importlib.util.spec_from_file_location("vllm_sim_loadgen", ROOT / "lab/simulator/vllm_sim.py")
+def stand_in_simulator(repo: str, size: int, served: str, env: dict[str, str] | None = None) -> tuple[ThreadingHTTPServer, str]:
+    """The LAB STAND-IN simulator (lab/simulator/vllm_sim.py) serving `repo` in this process, its serving state built
+    under `env` (D3_SIM_* settings read when the state is made; D3_SIM_MS_PER_QUESTION cleared): (server, its URL).
+    Shut it down with server.shutdown()."""
+    spec = importlib.util.spec_from_file_location(f"vllm_sim_loadgen_{len(sys.modules)}", ROOT / "lab/simulator/vllm_sim.py")
     assert spec and spec.loader
     sim = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = sim
     spec.loader.exec_module(sim)
-    args = sim.parse_args(["--model", "vllm-sr/d3-edge", "--served-model-name", "m", "--enforce-eager"])
+    args = sim.parse_args(["--model", repo, "--served-model-name", served, "--enforce-eager"])
     args.uvicorn_log_level = "warning"
-    model = sim.Model("vllm-sr/d3-edge", Path("/nonexistent"), {}, int(1.4e9))
-    os.environ.pop("D3_SIM_MS_PER_QUESTION", None)
-    state = sim.make_state(args, sim.Plan(8192, 100_000, 0.65, 4.0), model)
+    model = sim.Model(repo, Path("/nonexistent"), {}, size)
+    saved = dict(os.environ)
+    try:
+        os.environ.pop("D3_SIM_MS_PER_QUESTION", None)
+        os.environ.update(env or {})
+        state = sim.make_state(args, sim.Plan(8192, 100_000, 0.65, 4.0), model)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     httpd: ThreadingHTTPServer = sim.SimHTTPServer(("127.0.0.1", 0), sim.make_handler(state))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    target = {"name": "sim", "url": f"http://127.0.0.1:{httpd.server_address[1]}", "api_key": None}
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+def simulator_max(levels: list[int], duration: float) -> tuple[float, str]:
+    """The generator's best rate against the in-process LAB STAND-IN simulator serving d3-edge (the fastest size)."""
+    httpd, url = stand_in_simulator("vllm-sr/d3-edge", int(1.4e9), "m")
+    target = {"name": "sim", "url": url, "api_key": None}
     best = 0.0
     for c in levels:
         row = load_level(target, "/v1/systemone", PAYLOAD, c, duration, 0, 30.0)

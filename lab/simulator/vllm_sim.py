@@ -52,6 +52,8 @@ Environment knobs (simulator only):
   D3_SIM_MAX_NUM_SEQS     requests served at once when --max-num-seqs is not given (default 8, a small
                           --max-num-seqs); more wait in a queue
   D3_SIM_BATCH_SLOWDOWN   each request already running adds this fraction to a new one's latency (default 0.3)
+  D3_SIM_FLIP_STATES      STAND-IN seeded regression (bench-compare's paired accuracy test): comma-separated words;
+                          the answers to a state containing one are turned around (see seeded_flip)
   VLLM_HTTP_TIMEOUT_KEEP_ALIVE  vLLM's own (vllm/envs.py, default 5): an idle keep-alive connection is closed this
                           many seconds after its last response, like uvicorn (see Handler.handle_one_request)
 
@@ -1090,6 +1092,8 @@ def decide(body: dict[str, Any], model: str, questions: dict[str, Any],
            profile: SizeProfile | None = None) -> dict[str, Any]:
     instr = body.get("instructions") or ""
     answers = {qid: answer(body["state"], qid, q, instr, profile) for qid, q in questions.items()}
+    if seeded_flip(body["state"]):
+        answers = {qid: flip_answer(a) for qid, a in answers.items()}
     n_prompt = prompt_tokens(body, questions)
     return {
         "id": "sd-" + uuid.uuid4().hex,
@@ -1101,6 +1105,30 @@ def decide(body: dict[str, Any], model: str, questions: dict[str, Any],
         "usage": {"input_tokens": n_prompt, "output_tokens": len(questions)},
         "diagnostics": {qid: {"label_mass": LABEL_MASS, "argmax_is_label": True} for qid in questions},
     }
+
+
+# --------------------------------------------------------------------------------------------- seeded regression
+# STAND-IN (lab only, issue 34), separate from everything above: D3_SIM_FLIP_STATES, a comma-separated list of
+# words; a request whose state contains one of them gets every answer turned around (choice: its most and least
+# probable options swap; noul: P(yes) becomes P(no); score: the levels mirrored). A seeded accuracy regression on a
+# known set of cases, for bench-compare's paired test; unset (the default), nothing changes.
+def seeded_flip(state: Any) -> bool:
+    words_ = [w.strip() for w in os.environ.get("D3_SIM_FLIP_STATES", "").split(",") if w.strip()]
+    return any(w in state_text(state) for w in words_)
+
+
+def flip_answer(a: dict[str, Any]) -> dict[str, Any]:
+    """One answer turned around (see D3_SIM_FLIP_STATES)."""
+    probs = dict(a["probabilities"])
+    if a["type"] == "choice":
+        best, worst = max(probs, key=probs.__getitem__), min(probs, key=probs.__getitem__)
+        probs[best], probs[worst] = probs[worst], probs[best]
+        return {**a, "choice": worst, "probabilities": probs}
+    if a["type"] == "noul":
+        return {**a, "noul": 1.0 - a["noul"], "probabilities": {"yes": probs["no"], "no": probs["yes"]}}
+    n = len(probs)
+    mirrored = {str(i): probs[str(n - 1 - i)] for i in range(n)}
+    return {**a, "score": (n - 1) - a["score"], "probabilities": mirrored}
 
 
 # --------------------------------------------------------------------------------------------- per-size behaviour

@@ -38,8 +38,11 @@ MARKER = "/var/lib/d3/rollout-in-progress"  # roles/d3_state/defaults/main.yml: 
 # host3's d3-lite is the comparison's instrument: its answers take ~15 ms, of which nightly-next's 1.5x scales only the
 # simulated part (~3 ms more), so it gets 24 samples a side (cheap: 24 x 2 x 15 ms) and the other hosts 6
 SAMPLES = "{{ 24 if inventory_hostname == 'd3-lab-host3' else 6 }}"
+# and 5 runs of it (d3_bench_repeats: the run-level figures bench-compare judges; 5 x 24 x 2 x 15 ms, about 4 s)
+REPEATS = "{{ 5 if inventory_hostname == 'd3-lab-host3' else 1 }}"
 SHORT = {"d3_bench_samples": SAMPLES, "d3_bench_warmup": 1, "d3_bench_duration_s": 1.0, "d3_bench_concurrency": CONCURRENCY,
-         "d3_bench_load_instances": [LOADED], "d3_bench_request_rates": RATES, "d3_bench_slo_ms": SLO_MS}
+         "d3_bench_load_instances": [LOADED], "d3_bench_request_rates": RATES, "d3_bench_slo_ms": SLO_MS,
+         "d3_bench_repeats": REPEATS}
 # An extra endpoint named by one host only (d3_bench_endpoints): host2's d3-nano again, as a stand-in "generalist".
 EXTRA = ("{{ [{'name': 'generalist', 'url': 'http://127.0.0.1:' ~ (d3_host_plan.instances | selectattr('model', 'eq', "
          "'d3-nano') | map(attribute='port') | first), 'model': 'd3-nano', 'label': 'stand-in generalist', 'gpus': 0}] "
@@ -138,8 +141,9 @@ def test_latency_percentiles_are_ordered_and_grow_with_questions_and_size(bench:
     for inst in bench["report"]["instances"]:
         for label in ("q2", "q4"):
             lat = inst["latency"][label]
-            n = 24 if inst["host"] == "d3-lab-host3" else 6
-            assert lat["errors"] == 0 and lat["n"] == n and lat["unsupported"] == (["p99"] if n >= 20 else ["p95", "p99"])
+            n, runs = (24 * 5, 5) if inst["host"] == "d3-lab-host3" else (6, 1)
+            assert lat["errors"] == 0 and lat["n"] == n and len(lat["runs"]) == runs
+            assert lat["unsupported"] == (["p99"] if n >= 72 else ["p95", "p99"])  # order-statistic intervals
             assert lat["min"] <= lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"], (inst["name"], label, lat)
         assert inst["latency"]["q4"]["p50"] > inst["latency"]["q2"]["p50"]
         for level in inst["throughput"]:
@@ -173,8 +177,15 @@ def test_open_loop_beyond_capacity_goodput_falls_and_latency_grows(bench: dict[s
     assert high["requests_per_s"] < high["offered_per_s"]
     # the closed loop at 4 in flight never queues like that: its latency stays below the overloaded open loop's
     assert closed[4]["p50"] < high["p50"]
+    # the generator kept up (its own limit measured in the same run is far above): both levels driven, latency from
+    # the schedule never below that from the send
+    assert inst["generator_limit"]["sent_per_s"] > high["offered_per_s"] and low["driven"] and high["driven"]
+    for level in (low, high):
+        assert level["from_schedule"]["p50"] >= level["p50"] and level["lag"]["n"] > 0, level
+    assert {t["window"]["ramp_s"] for t in inst["throughput"]} == {0.2} and low["window"]["ramp_s"] == 0.1
     table = "\n".join(str(r["res"].get("msg", "")) for r in bench["run"].results() if r.get("task") == "Print the bench tables")
     assert "Request rate [SIMULATED], open loop" in table and "closed loop" in table
+    assert "from schedule p50" in table and "the generator's own limit, measured in this run" in table
 
 
 def test_raw_requests_recompute_the_report(bench: dict[str, Any]) -> None:
@@ -182,7 +193,7 @@ def test_raw_requests_recompute_the_report(bench: dict[str, Any]) -> None:
     recomputes n, intervals and the three calibration scores from it alone."""
     raw = bench["dir"] / "report.jsonl"
     lines = [json.loads(x) for x in raw.read_text().splitlines()]
-    assert all(x["received"] >= x["sent"] > 1.7e9 for x in lines)
+    assert all(x["received"] >= x["sent"] > 1.7e9 for x in lines if not x.get("not_sent"))
     assert {x["phase"] for x in lines} == {"accuracy", "latency", "closed", "open"}
     again = doc_script().recompute(raw)
     for inst in bench["report"]["instances"]:
@@ -208,6 +219,177 @@ def test_plots_written(bench: dict[str, Any]) -> None:
         path: Path = bench["dir"] / "plots" / name
         assert path.is_file() and path.stat().st_size > 10_000, path
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------------------------- issue 34's must-shows
+# Driven from this machine with bench_load's own code (no extra bench.yml run): host3's d3-lite through the port the
+# lab publishes on loopback, and two in-process LAB STAND-IN simulators for the seeded regressions.
+sys.path.insert(0, str(labkit.ROOT / "collections"))
+from ansible_collections.d3fleet.fleet.plugins.filter import d3_bench as bench_filter  # noqa: E402
+from ansible_collections.d3fleet.fleet.plugins.modules import bench_load  # noqa: E402
+
+COMPARE = labkit.ROOT / "tools/bench_compare.py"
+
+
+def tool() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_compare_lab", COMPARE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def lite_url(bench: dict[str, Any]) -> str:
+    """host3's d3-lite as published on this machine's loopback (the lab's port mapping)."""
+    (lite,) = [i for i in bench["report"]["instances"] if (i["host"], i["name"]) == (ROLLED, "d3-lite")]
+    port = lite["url"].rsplit(":", 1)[1]
+    return "http://" + labkit.podman("port", ROLLED, f"{port}/tcp", check=True).stdout.strip().splitlines()[0]
+
+
+def params(**over: Any) -> dict[str, Any]:
+    reqs = bench_filter.bench_requests(yaml.safe_load(SUITE.read_text()))
+    return {"api_key": None, "timeout": 30.0, "path": "/v1/systemone", "cases": reqs["cases"], "warmup": 1, "samples": 10,
+            "latency_requests": reqs["latency_requests"], "load_request": "q4", "concurrency": [], "duration_s": 1.0,
+            "max_requests": 0, "request_rates": [], "load_targets": [], "seed": 0, "slo_ms": 250.0, "metrics_path": "",
+            "repeats": 1, "max_inflight": 256, **over}
+
+
+def as_report(results: list[dict[str, Any]], stamp: str) -> dict[str, Any]:
+    """bench_load results as a bench report (bench_report, the extra-endpoint path: no plan)."""
+    suite = yaml.safe_load(SUITE.read_text())
+    report = bench_filter.bench_report([{"host": ROLLED, "results": results}], suite, {}, {}, [], True)
+    return {**report, "generated": stamp}
+
+
+def interleaved_benches(urls: list[str], runs: int, p: dict[str, Any]) -> list[dict[str, Any]]:
+    """One bench per URL (its accuracy pass, then `runs` latency passes), the benches' runs interleaved in time: run 1 of
+    every bench, then run 2, ... (so a slow minute of this shared machine falls on every bench alike)."""
+    out = []
+    for url in urls:
+        client = bench_load.Client(url, p["timeout"], None)
+        out.append({"name": "d3-lite", "url": url, "model": "d3-lite", "health": 200, "version": "+d3sim",
+                    "cases": bench_load.accuracy_pass(client, p["path"], "d3-lite", p["cases"]), "passes": [], "client": client})
+    for run in range(1, runs + 1):
+        for res in out:
+            res["passes"].append(bench_load.latency_pass(res["client"], p["path"], "d3-lite", p["latency_requests"],
+                                                         p["samples"], None, run))
+    for res in out:
+        res["client"].close()
+        res["latency"] = bench_load.pool_runs(res.pop("passes"))
+        res.pop("client")
+    return out
+
+
+def test_a_a_same_build_benched_five_times_every_pair_compared(bench: dict[str, Any]) -> None:
+    """The same build (host3's d3-lite, nightly) benched 5 times (5 runs each, interleaved), every one of the 10 pairs
+    compared by bench-compare: the share of comparisons with any CHANGED, against the stated family-wise 5 %."""
+    start = time.monotonic()
+    url = lite_url(bench)
+    benches = interleaved_benches([url] * 5, 5, params())
+    reports = [as_report([b], f"bench {n}") for n, b in enumerate(benches, start=1)]
+    bc = tool()
+    pairs = [(a, b) for a in range(5) for b in range(a + 1, 5)]
+    flagged, tests = [], 0
+    for a, b in pairs:
+        result = bc.compare(reports[a], reports[b])
+        tests += result["tests"]
+        flagged += [(a + 1, b + 1, f["figure"], round(f["adjusted_p"], 4)) for f in result["family"] if f["changed"]]
+        assert result["rows"][0]["accuracy"]["right_to_wrong"] == []  # greedy answers: the same every time
+    compared = len({(a, b) for a, b, *_ in flagged})
+    print(f"\nA/A on {url}: 5 benches x 5 runs, {len(pairs)} pairs, {tests} tests: {len(flagged)} figures flagged "
+          f"{flagged}; comparisons with any CHANGED {compared}/{len(pairs)} (stated: at most 5 % each, Holm family-wise); "
+          f"{time.monotonic() - start:.1f} s")
+    assert compared <= 1, flagged
+
+
+def stand_in(scale: float) -> tuple[Any, str]:
+    """The LAB STAND-IN simulator in-process (tools/bench_loadgen.py's stand_in_simulator), d3-lite, each answer
+    D3_SIM_REQUEST_MS=200 times D3_SIM_LATENCY_SCALE=scale (long enough that this shared machine's scheduling noise
+    stays small beside it); returns (server, url)."""
+    spec = importlib.util.spec_from_file_location("bench_loadgen_lab", labkit.ROOT / "tools/bench_loadgen.py")
+    assert spec and spec.loader
+    loadgen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loadgen)
+    return loadgen.stand_in_simulator("vllm-sr/d3-lite", int(1.8e9), "d3-lite",
+                                      {"D3_SIM_REQUEST_MS": "200", "D3_SIM_LATENCY_SCALE": str(scale)})
+
+
+def seed_words(score: dict[str, Any], suite: dict[str, Any], at_least: int = 8) -> tuple[list[str], set[str]]:
+    """The cases to turn around: those the old run answered best (every answer right first) until they hold at least
+    `at_least` right answers; per case a comma-free piece of its ticket (D3_SIM_FLIP_STATES is comma-separated).
+    Returns (the words, the "case/question" right answers that must turn wrong: choice and noul always do)."""
+    by_case: dict[str, list[dict[str, Any]]] = {}
+    for r in score["questions"]:
+        by_case.setdefault(r["case"], []).append(r)
+    tickets = {str(c["id"]): str(c["state"]["ticket"]) for c in suite["cases"]}
+    chosen, words, right = [], [], 0
+    for case in sorted(by_case, key=lambda c: (sum(not r["correct"] for r in by_case[c]), -len(by_case[c]))):
+        word = max(tickets[case].split(","), key=len).strip()
+        if right >= at_least or sum(word in t for t in tickets.values()) > 1:  # enough, or not this case alone
+            continue
+        chosen.append(case)
+        words.append(word)
+        right += sum(r["correct"] for r in by_case[case])
+    must = {f"{r['case']}/{r['question']}" for c in chosen for r in by_case[c] if r["correct"] and r["type"] != "score"}
+    return words, must
+
+
+def test_seeded_accuracy_regression_and_ten_percent_latency_flagged_with_five_runs() -> None:
+    """Old: the stand-in as is. New: 10 % slower (D3_SIM_LATENCY_SCALE 1.1) and answering a known set of cases the
+    other way round (D3_SIM_FLIP_STATES, a labelled STAND-IN setting: the cases the old run answered best, so their
+    right answers turn wrong). 5 runs a side, interleaved. bench-compare flags the latency, and the accuracy with
+    exactly the seeded flips listed."""
+    start = time.monotonic()
+    suite = yaml.safe_load(SUITE.read_text())
+    (old_srv, old_url), (new_srv, new_url) = stand_in(1.0), stand_in(1.1)
+    try:
+        p = params(samples=5)
+        q4 = [r for r in p["latency_requests"] if r["label"] == "q4"]  # the 4-question request only: 5 x 2 x 5 x 0.2 s
+        old, new = interleaved_benches([old_url, new_url], 5, {**p, "cases": [], "latency_requests": q4})
+        old["cases"] = interleaved_benches([old_url], 0, p)[0]["cases"]
+        words, must = seed_words(bench_filter.score_cases(old["cases"], suite), suite)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("D3_SIM_FLIP_STATES", ",".join(words))
+            new["cases"] = interleaved_benches([new_url], 0, p)[0]["cases"]
+    finally:
+        old_srv.shutdown()
+        new_srv.shutdown()
+    result = tool().compare(as_report([old], "old"), as_report([new], "new"))
+    (row,) = result["rows"]
+    acc = row["accuracy"]
+    seeded = {str(c["id"]) for c in suite["cases"] if any(w in str(c["state"]["ticket"]) for w in words)}
+    print(f"\nseeded cases {sorted(seeded)}: right->wrong {acc['right_to_wrong']}, wrong->right {acc['wrong_to_right']}, "
+          f"exact McNemar p {acc['p']:.4f}, adjusted {acc['adjusted_p']:.4f} ({result['method']}, {result['tests']} tests); "
+          f"q4 x{row['latency']['q4']['ratio']:.3f} {[round(x, 3) for x in row['latency']['q4']['interval']]} adjusted p "
+          f"{row['latency']['q4']['adjusted_p']:.2g}; run medians {[r['p50'] for r in old['latency']['q4']['runs']]} -> "
+          f"{[r['p50'] for r in new['latency']['q4']['runs']]}; {time.monotonic() - start:.1f} s")
+    assert must <= set(acc["right_to_wrong"]) and {f.split("/")[0] for f in acc["right_to_wrong"] + acc["wrong_to_right"]} <= seeded
+    assert acc["changed"], acc
+    d = row["latency"]["q4"]
+    assert d["runs"] == [5, 5] and d["changed"] and d["interval"][0] > 1.0, d
+
+
+def test_open_loop_beyond_the_generator_limit_is_reported_and_timed_from_the_schedule(bench: dict[str, Any]) -> None:
+    """Open loop on host3's d3-lite with at most one request in flight (the generator's limit here: about 1 / 15 ms):
+    at 20/s it keeps up; at 300/s it falls behind, the level is reported NOT DRIVEN, latency from the send stays
+    flat while latency from the schedule climbs (coordinated omission, measured instead of hidden)."""
+    start = time.monotonic()
+    url = lite_url(bench)
+    p = params(request_rates=[20.0, 300.0], max_inflight=1, samples=0)
+    load = {r["label"]: r for r in p["latency_requests"]}["q4"]
+    target = {"name": "d3-lite", "url": url, "model": "d3-lite"}
+    payload = bench_load.encode("d3-lite", load["body"])
+    limit = bench_load.generator_limit(3000.0, 0.5, 1)
+    low, high = bench_load.open_levels(p, target, payload, 4, bench_load.Recorder(), limit)
+    table = bench_filter._open(high)
+    print(f"\nopen loop, 1 in flight, on {url} (limit probe {limit}): 20/s from send p50 {low['p50']} from schedule "
+          f"{low['from_schedule']['p50']} driven {low['driven']}; 300/s from send p50 {high['p50']} from schedule "
+          f"{high['from_schedule']['p50']} lag p50 {high['lag']['p50']} not sent {high['not_sent']}: {table}; "
+          f"{time.monotonic() - start:.1f} s")
+    assert low["driven"] and not high["driven"] and table.startswith("NOT DRIVEN: the generator")
+    assert high["p50"] < 2 * low["p50"]  # from the send: flat
+    assert high["from_schedule"]["p50"] > 5 * low["from_schedule"]["p50"]  # from the schedule: climbing
+    assert high["not_sent"] > 0 and high["lag"]["p50"] > 1000.0 / 300.0
 
 
 # --------------------------------------------------------------------------------------------- nightly against nightly
@@ -262,11 +444,14 @@ def test_bench_compare_across_a_rollout_flags_latency_not_accuracy(bench: dict[s
                            str(out / "report.json"), "--json", str(compare), "--plot", str(out / "bench-compare.png")],
                           capture_output=True, text=True, check=True)
     print(tool.stdout)
-    rows = {r["instance"]: r for r in json.loads(compare.read_text())}
+    result = json.loads(compare.read_text())
+    rows = {r["instance"]: r for r in result["rows"]}
     assert {f"{ROLLED}/{i}" for i in labkit.running(ROLLED)} <= set(rows)  # every instance of the rolled host
     lite = rows[f"{ROLLED}/d3-lite"]
     assert lite["image"][0] != lite["image"][1], lite["image"]  # the run records tell the two digests apart
-    for q in ("q2", "q4"):
-        assert lite["latency"][q]["changed"] and lite["latency"][q]["diff"] > 0, lite["latency"]
-    assert not any(r["accuracy"]["changed"] for r in rows.values()), [r["accuracy"] for r in rows.values()]
+    for q in ("q2", "q4"):  # run-level: 5 runs a side, Welch on their medians
+        assert lite["latency"][q]["runs"] == [5, 5] and lite["latency"][q]["changed"] and lite["latency"][q]["ratio"] > 1
+    for row in rows.values():  # the same answers: no flip, nothing flagged
+        assert row["accuracy"]["right_to_wrong"] == row["accuracy"]["wrong_to_right"] == [] and not row["accuracy"]["changed"]
+    assert "Holm (1979) step-down, family-wise error rate 0.05" in tool.stdout and result["tests"] > 2
     assert "CHANGED" in tool.stdout and (out / "bench-compare.png").stat().st_size > 10_000

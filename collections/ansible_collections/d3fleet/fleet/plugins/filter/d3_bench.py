@@ -8,11 +8,15 @@ exactly the questions its `expect` names, in that order), and `latency` (`state`
 2-question request asks the first two, the 4-question request all four). Example: roles/d3_bench/files/suites/.
 
 Scoring: choice and noul are right when the answer is the expected one (noul: P(yes) >= 0.5 means yes); a score is
-right when its expected level index is within half a level of the expected level. The confidence of an answer is
-the probability the model gave to the answer it gave (choice: its option's probability; noul: max(P(yes), P(no));
-score: the probability of the level nearest its score). Brier score = mean over answered questions of
-(confidence - 1 if right else 0)^2 (0 is perfect; always answering with confidence 0.5 gives 0.25). A question whose
-request failed, or whose answer is malformed, counts as wrong and has no confidence.
+right when the level it gives (given_level: the level nearest its score) is the expected level. The confidence of an
+answer is the probability the model gave to the answer it gave (choice: its option's probability; noul: max(P(yes),
+P(no)); score: the probability of the level given). Calibration, per question type, by proper scores over all of a
+question's classes (d3_bench_stats): choice, Brier's multi-class score (0-2); noul, the binary Brier (P(yes) -
+outcome)^2 (0-1); score, the ranked probability score (0-1); 0 is perfect. Beside them the reliability bins (five
+equal-width bins of the confidence on [0, 1], the last closed) and the expected calibration error over those same
+bins, ECE = sum over bins of n_bin/N x |accuracy_bin - mean confidence_bin| (Naeini, Cooper and Hauskrecht, AAAI
+2015; Guo et al., ICML 2017, eq. 3). A question whose request failed, or whose answer is malformed, counts as wrong
+and has no confidence.
 """
 
 from __future__ import annotations
@@ -227,6 +231,16 @@ def reliability(rows: list[dict[str, Any]], key: str = "confidence") -> list[dic
     return out
 
 
+def ece(bins: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The expected calibration error over reliability()'s bins: sum of n_bin/N x |accuracy - mean confidence|, with
+    the binning it used; None without answers."""
+    total = sum(b["n"] for b in bins)
+    if not total:
+        return None
+    value = sum(b["n"] / total * abs(b["accuracy"] - b["confidence"]) for b in bins)
+    return {"value": round(value, 4), "n": total, "binning": f"{RELIABILITY_BINS} equal-width bins on [0, 1]"}
+
+
 def score_cases(cases: list[dict[str, Any]], suite: dict[str, Any]) -> dict[str, Any]:
     """Accuracy (with 95 % Wilson intervals: overall, per question type, per case tag) and calibration (proper scores
     per type, mean confidences, reliability bins) of one instance from its recorded accuracy pass."""
@@ -262,6 +276,7 @@ def score_cases(cases: list[dict[str, Any]], suite: dict[str, Any]) -> dict[str,
         "calibration": calibration,
         "confidence": confidence,
         "reliability": {key: reliability(answered, key) for key in ("confidence", "api_confidence")},
+        "ece": {key: ece(reliability(answered, key)) for key in ("confidence", "api_confidence")},
         "unanswered": len(rows) - len(answered),
         "failed_requests": sum(1 for c in suite["cases"] if (by_id.get(str(c["id"])) or {}).get("status") != 200),
         "questions": rows,
@@ -354,6 +369,7 @@ def bench_report(
                 "latency": res.get("latency") or {},
                 "throughput": res.get("throughput") or [],
                 "rate": res.get("rate") or [],
+                "generator_limit": res.get("generator_limit"),
             }
             instances.append(entry)
     any_sim = any(i["simulated"] for i in instances)
@@ -396,15 +412,21 @@ def _ms(x: Any) -> str:
 
 
 def _pct(fig: dict[str, Any], q: str) -> str:
-    """A percentile with its n; one that n cannot support (d3_bench_stats.min_n) shown as such, not as a number."""
+    """A percentile with its distribution-free 95 % interval; one whose n is too small for that interval
+    (d3_bench_stats.min_n: p50 6, p95 72, p99 368) shown as "n too small", not as a number."""
     if fig.get(q) is None:
         return "-"
-    need = min_n(float(q[1:]))
-    return f"({q} needs n>={need})" if int(fig.get("n") or 0) < need else f"{fig[q]:.0f}"
+    if int(fig.get("n") or 0) < min_n(float(q[1:])):
+        return "(n too small)"
+    ci = (fig.get("interval") or {}).get(q)
+    return f"{fig[q]:.0f} [{ci[0]:.0f}-{ci[1]:.0f}]" if ci else f"{fig[q]:.0f}"
 
 
 def _lat(fig: dict[str, Any]) -> str:
-    return f"{_pct(fig, 'p50')} / {_pct(fig, 'p95')} / {_pct(fig, 'p99')} ms, n={fig.get('n', 0)}" if fig else "-"
+    if not fig:
+        return "-"
+    runs = f", {len(fig['runs'])} runs" if len(fig.get("runs") or []) > 1 else ""
+    return f"{_pct(fig, 'p50')} / {_pct(fig, 'p95')} / {_pct(fig, 'p99')} ms, n={fig.get('n', 0)}{runs}"
 
 
 def _acc(s: dict[str, Any]) -> str:
@@ -424,6 +446,9 @@ def _calib(s: dict[str, Any]) -> str:
         c = (s.get("calibration") or {}).get(kind)
         if c:
             parts.append(f"{label} {_num_or_dash(c['value'])} (n={c['n']})")
+    e = (s.get("ece") or {}).get("confidence")
+    if e:
+        parts.append(f"ECE {e['value']:.3f} (n={e['n']}, {e['binning']} of p(given))")
     return "; ".join(parts) or "-"
 
 
@@ -457,8 +482,24 @@ def _server(m: dict[str, Any]) -> str:
 def _level(t: dict[str, Any]) -> str:
     good = f" goodput {t['goodput_per_s']:.1f}/s" if t.get("goodput_per_s") is not None else ""
     tok = f" {t['input_tokens_per_s']:.0f} tok/s" if t.get("input_tokens_per_s") is not None else ""
-    return (f"{t['requests_per_s']:.1f} req/s{good}{tok} p50 {_pct(t, 'p50')} p99 {_pct(t, 'p99')}ms n={t.get('n', 0)} "
-            f"err {t['errors']} | {_server(t.get('metrics') or {})}")
+    runs = f" ({len(t['runs'])} runs)" if len(t.get("runs") or []) > 1 else ""
+    return (f"{t['requests_per_s']:.1f} req/s{runs}{good}{tok} p50 {_pct(t, 'p50')} p99 {_pct(t, 'p99')} ms "
+            f"n={t.get('n', 0)} err {t['errors']} | {_server(t.get('metrics') or {})}")
+
+
+def _open(t: dict[str, Any]) -> str:
+    """An open-loop level: the rate reached, goodput, latency from the schedule and from the send, the sender's lag
+    and what it never sent; a level the generator could not drive says so instead of giving the server's figures."""
+    sched = t.get("from_schedule") or {}
+    lag = t.get("lag") or {}
+    head = (f"sent {t.get('sent_per_s', 0):g}/s, lag p50 {_num_or_dash(lag.get('p50'), '{:.0f}')} p99 "
+            f"{_num_or_dash(lag.get('p99'), '{:.0f}')} ms, not sent {t.get('not_sent', 0)}")
+    if t.get("driven") is False:
+        return f"NOT DRIVEN: {t.get('not_driven')} ({head}): no server figure"
+    good = f" goodput {t['goodput_per_s']:.1f}/s" if t.get("goodput_per_s") is not None else ""
+    return (f"{t['requests_per_s']:.1f} req/s{good} | from schedule p50 {_pct(sched, 'p50')} p99 {_pct(sched, 'p99')} ms"
+            f" | from send p50 {_pct(t, 'p50')} p99 {_pct(t, 'p99')} ms n={t.get('n', 0)} | {head} | err {t['errors']} | "
+            f"{_server(t.get('metrics') or {})}")
 
 
 def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None) -> list[str]:
@@ -481,19 +522,20 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
     rows = [(who(i), *(_lat(i["latency"].get(q) or {}) for q in ("q2", "q4"))) for i in insts]
     rows += [(f"{p['config']} [published: {p.get('source', 'field report')}]", f"~{p['q2_ms']}ms" if p.get("q2_ms") else "-",
               f"~{p['q4_ms']}ms" if p.get("q4_ms") else "-") for p in published.get("latency") or []]
-    lines += [f"Latency{tag} (p50 / p95 / p99 and n, one request at a time)",
-              "  a pQ needs n >= 100/(100-Q) (p95: 20, p99: 100), else it is the largest samples: shown as such"]
+    lines += [f"Latency{tag} (p50 / p95 / p99 [distribution-free 95 % interval] and n, one request at a time)",
+              f"  a percentile is shown where n allows its interval (order statistics: p50 n >= {min_n(50)}, p95 "
+              f"{min_n(95)}, p99 {min_n(99)}), else '(n too small)'"]
     lines += _grid(("Config", "2-question latency", "4-question latency"), rows)
 
     rows = []
     for i in insts:
         s = i["score"]
-        rows.append((who(i), _acc(s), f"{_pct(i['latency'].get('q4') or {}, 'p50')}ms", str(i["gpu_count"]),
+        rows.append((who(i), _acc(s), f"{_pct(i['latency'].get('q4') or {}, 'p50')} ms", str(i["gpu_count"]),
                      "-" if i["decision_index"] is None else str(i["decision_index"])))
     rows += [(f"{p['model']} [published: {p.get('source', 'field report')}, its own {p['total']} questions]",
               _acc({"correct": p["correct"], "total": p["total"], "accuracy": p["correct"] / p["total"],
                     "interval": list(wilson(p["correct"], p["total"]) or (0, 0))}),
-              f"{p['q4_ms']}ms", "-" if p.get("gpus") is None else str(p["gpus"]),
+              f"{p['q4_ms']} ms", "-" if p.get("gpus") is None else str(p["gpus"]),
               str(p.get("decision_index", "-"))) for p in published.get("accuracy") or []]
     lines += ["", f"Accuracy{tag} (suite {report['suite']['name']}: {report['suite']['cases']} cases, "
               f"{report['suite']['questions']} questions; [95 % Wilson interval])",
@@ -529,14 +571,22 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
         rows += [(who(i), str(c), _level(by[c])) for c in levels if c in by]
     lines += ["", f"Throughput{tag}, closed loop ({report.get('settings', {}).get('duration_s', '?')} s per level, "
               "4-question requests)",
+              "  each level after its warm-up; its first fifth (the ramp) and the answers after its end (the drain) are "
+              "outside its window: rates over the window, latency of the requests sent in it",
               f"  goodput: answers within {slo or '-'} ms per s; after |: the server's /metrics (halfway; queue: over the level)"]
     lines += _grid(("Instance", "concurrency", "figures"), rows)
     rows = []
     for i in insts:
         for t in i.get("rate") or []:
-            rows.append((who(i), f"{t['rate']:g}/s (offered {t['offered_per_s']:.1f})", _level(t)))
+            rows.append((who(i), f"{t['rate']:g}/s (offered {t['offered_per_s']:.1f})", _open(t)))
     if rows:
-        lines += ["", f"Request rate{tag}, open loop (Poisson arrivals, sent on schedule whatever the answers do)"]
+        limits = [f"{who(i)} {i['generator_limit']['sent_per_s']:g}/s (probe {i['generator_limit']['probe_rate']:g}/s)"
+                  for i in insts if i.get("generator_limit")]
+        lines += ["", f"Request rate{tag}, open loop (Poisson arrivals, due on schedule whatever the answers do)",
+                  "  latency from the schedule (the intended send time: what a client arriving then waited) and from the "
+                  "actual send; lag: how late the generator sent; its first tenth (ramp) and the answers after the "
+                  "schedule (drain) are outside the window; goodput judged from the schedule",
+                  f"  the generator's own limit, measured in this run: {'; '.join(limits) or '-'}"]
         lines += _grid(("Instance", "rate", "figures"), rows)
 
     rows = [(who(i), ",".join(map(str, i["gpus"])) or "-",

@@ -36,31 +36,231 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def min_n(q: float) -> int:
-    """The fewest samples a q-th percentile needs to be more than the largest sample's neighbourhood: at least one
-    sample must lie above it on average, n * (1 - q/100) >= 1, so n >= 100 / (100 - q): p50 2, p95 20, p99 100.
-    With fewer, the interpolated p99 of 20 samples is 81 % of the way from the 19th to the 20th (the maximum)."""
-    if not 0.0 <= q < 100.0:
+ALPHA = 0.05  # every interval and test of the bench: 95 %, two-sided
+
+
+def _binom_cdfs(n: int, p: float) -> list[float]:
+    """[P(B <= 0), ..., P(B <= n)] for B ~ Binomial(n, p), each term from its logarithm (no overflow at large n)."""
+    out, total = [], 0.0
+    for i in range(n + 1):
+        if p in (0.0, 1.0):
+            term = 1.0 if i == (0 if p == 0.0 else n) else 0.0
+        else:
+            term = math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                            + i * math.log(p) + (n - i) * math.log1p(-p))
+        total += term
+        out.append(min(1.0, total))
+    out[-1] = 1.0
+    return out
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(B <= k) for B ~ Binomial(n, p) (0 for k < 0, 1 for k >= n)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return _binom_cdfs(n, p)[k]
+
+
+def order_ranks(q: float, n: int, alpha: float = ALPHA) -> tuple[int, int] | None:
+    """The 1-based ranks (l, u) of the distribution-free, equal-tailed 1 - alpha interval [x_(l), x_(u)] of the q-th
+    percentile of n samples (W. J. Conover, Practical Nonparametric Statistics, 3rd ed. 1999, section 3.2; the same
+    ranks as scipy.stats.quantile_test's confidence_interval): B ~ Binomial(n, q/100) counts the samples below the
+    percentile, l is the largest rank with P(B <= l - 1) <= alpha/2, u the smallest with P(B >= u) <= alpha/2.
+    None when n is too small for either end to exist inside the sample: at 95 % p50 needs n >= 6, p95 72, p99 368."""
+    if not 0.0 < q < 100.0:
         raise ValueError(f"percentile {q} is not within 0-100 (exclusive)")
-    return math.ceil(100.0 / (100.0 - q) - 1e-9)
+    if n < 1:
+        return None
+    cdf = _binom_cdfs(n, q / 100.0)
+    below = [0.0, *cdf]  # below[r] = P(B <= r - 1)
+    if below[1] > alpha / 2 or 1.0 - below[n] > alpha / 2:
+        return None
+    low = max(r for r in range(1, n + 1) if below[r] <= alpha / 2)
+    high = min(r for r in range(1, n + 1) if 1.0 - below[r] <= alpha / 2)
+    return low, high
+
+
+def min_n(q: float, alpha: float = ALPHA) -> int:
+    """The fewest samples for which the q-th percentile has a distribution-free 1 - alpha interval inside the sample
+    (order_ranks): both q^n and (1 - q)^n at most alpha/2. At 95 %: p50 6, p95 72, p99 368. With fewer, a p99 is
+    the largest samples interpolated and nothing bounds it from above: the bench prints "n too small" instead."""
+    if not 0.0 < q < 100.0:
+        raise ValueError(f"percentile {q} is not within 0-100 (exclusive)")
+    p = max(q, 100.0 - q) / 100.0
+    return math.ceil(math.log(alpha / 2) / math.log(p) - 1e-9)
+
+
+def percentile_interval(values: list[float], q: float, alpha: float = ALPHA) -> list[float] | None:
+    """[x_(l), x_(u)], the distribution-free 1 - alpha interval of the q-th percentile (order_ranks); None when n is
+    too small."""
+    ranks = order_ranks(q, len(values), alpha)
+    if ranks is None:
+        return None
+    ordered = sorted(values)
+    return [ordered[ranks[0] - 1], ordered[ranks[1] - 1]]
 
 
 def summary(values: list[float], digits: int = 1) -> dict[str, Any]:
-    """n, mean, min, p50, p95, p99, max of latencies in ms (None when there are none), rounded to `digits`, and
-    `unsupported`: the percentiles n is too small for (min_n), e.g. ["p95", "p99"] for n = 10."""
+    """n, mean, min, p50, p95, p99, max of latencies in ms (None when there are none), rounded to `digits`;
+    `interval`: per percentile its distribution-free 95 % interval (order statistics) or None, and `unsupported`: the
+    percentiles n is too small for (min_n: p50 6, p95 72, p99 368), e.g. ["p95", "p99"] for n = 20."""
 
     def rnd(x: float | None) -> float | None:
         return None if x is None else round(x, digits)
 
     n = len(values)
+    intervals = {f"p{q}": percentile_interval(values, q) for q in PERCENTILES}
     return {
         "n": n,
         "mean": rnd(sum(values) / n) if n else None,
         "min": rnd(min(values)) if n else None,
         **{f"p{q}": rnd(percentile(values, q)) for q in PERCENTILES},
         "max": rnd(max(values)) if n else None,
-        "unsupported": [f"p{q}" for q in PERCENTILES if n < min_n(q)],
+        "interval": {k: None if v is None else [rnd(v[0]), rnd(v[1])] for k, v in intervals.items()},
+        "unsupported": [k for k, v in intervals.items() if v is None],
     }
+
+
+# ------------------------------------------------------------------------------------------- comparing two runs
+def mcnemar_exact(right_to_wrong: int, wrong_to_right: int) -> float:
+    """The exact (conditional) McNemar test of paired right/wrong answers: two-sided binomial test of the discordant
+    pairs, 2 P(B <= min(b, c)) for B ~ Binomial(b + c, 1/2), capped at 1 (1 when there is no flip). Seven right
+    answers turned wrong and none back: 2 / 2^7 = 0.016 (issue 34); b = 1, c = 7: 0.070 (Fagerland, Lydersen and
+    Laake, BMC Medical Research Methodology 13 (2013) 91, table 2, the exact conditional test)."""
+    b, c = int(right_to_wrong), int(wrong_to_right)
+    if b < 0 or c < 0:
+        raise ValueError(f"flip counts must be >= 0, not {b} and {c}")
+    if b + c == 0:
+        return 1.0
+    return min(1.0, 2.0 * binom_cdf(min(b, c), b + c, 0.5))
+
+
+def sign_flip_p(diffs: list[float], exact_up_to: int = 16) -> float:
+    """Two-sided paired permutation test (R. A. Fisher's sign-flip test, The Design of Experiments 1935, 21) of the
+    mean of paired differences: the share of the 2^m sign assignments of the m non-zero differences whose |sum| is at
+    least the observed one (exact up to `exact_up_to` non-zero pairs; beyond it the normal approximation of the
+    sign-flip distribution, variance sum(d^2)). 1 when every difference is 0."""
+    nz = [float(d) for d in diffs if d != 0]
+    if not nz:
+        return 1.0
+    observed = abs(sum(nz)) - 1e-12
+    if len(nz) <= exact_up_to:
+        hits = 0
+        for mask in range(1 << len(nz)):
+            total = sum(-d if mask >> i & 1 else d for i, d in enumerate(nz))
+            hits += abs(total) >= observed
+        return hits / (1 << len(nz))
+    z = abs(sum(nz)) / math.sqrt(sum(d * d for d in nz))
+    return math.erfc(z / math.sqrt(2.0))
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (Numerical Recipes, 3rd ed., 6.4, Lentz's method)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _ibeta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_sf2(t: float, df: float) -> float:
+    """Two-sided tail P(|T| >= |t|) of Student's t with df (not necessarily whole) degrees of freedom."""
+    return _ibeta(df / 2.0, 0.5, df / (df + t * t))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile (0.5 < p < 1) of Student's t with df degrees of freedom: Newton's method on t_sf2 from the
+    normal quantile, each step kept inside a bracket that bisection narrows when Newton would leave it."""
+    if not 0.5 < p < 1.0:
+        raise ValueError(f"quantile {p} is not within (0.5, 1)")
+    want = 2.0 * (1.0 - p)  # the two-sided tail at the quantile
+    log_c = math.lgamma((df + 1.0) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
+    lo, hi, t = 0.0, 1e4, 2.0
+    for _ in range(100):
+        tail = t_sf2(t, df)
+        if tail > want:
+            lo = t
+        else:
+            hi = t
+        pdf = math.exp(log_c - (df + 1.0) / 2.0 * math.log1p(t * t / df))
+        step = (tail - want) / (2.0 * pdf) if pdf > 0 else 0.0
+        nxt = t + step
+        if not lo < nxt < hi:
+            nxt = (lo + hi) / 2.0
+        if abs(nxt - t) < 1e-12 * max(1.0, t):
+            return nxt
+        t = nxt
+    return t
+
+
+def welch(old: list[float], new: list[float], alpha: float = ALPHA) -> dict[str, Any] | None:
+    """Welch's (1947) t test of mean(new) - mean(old) with the Welch-Satterthwaite degrees of freedom: {diff,
+    interval (1 - alpha, unadjusted), p (two-sided), df}; None with fewer than 2 values a side (no spread to measure).
+    Two runs with no spread at all: p 1 when the means are equal, else 0."""
+    if len(old) < 2 or len(new) < 2:
+        return None
+    m1, m2 = sum(old) / len(old), sum(new) / len(new)
+    v1 = sum((x - m1) ** 2 for x in old) / (len(old) - 1) / len(old)
+    v2 = sum((x - m2) ** 2 for x in new) / (len(new) - 1) / len(new)
+    diff = m2 - m1
+    if v1 + v2 == 0.0:
+        return {"diff": diff, "interval": [diff, diff], "p": 1.0 if diff == 0 else 0.0, "df": None}
+    se = math.sqrt(v1 + v2)
+    df = (v1 + v2) ** 2 / (v1 * v1 / (len(old) - 1) + v2 * v2 / (len(new) - 1))
+    half = t_quantile(1.0 - alpha / 2.0, df) * se
+    return {"diff": diff, "interval": [diff - half, diff + half], "p": min(1.0, t_sf2(diff / se, df)), "df": df}
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's (1979) step-down adjusted p-values ("A simple sequentially rejective multiple test procedure",
+    Scandinavian Journal of Statistics 6, 65-70): sorted ascending, the i-th (0-based) times m - i, made monotone
+    and capped at 1. Rejecting where the adjusted p <= alpha keeps the family-wise error rate at alpha under any
+    dependence. (0.01, 0.04, 0.03, 0.005) -> (0.03, 0.06, 0.06, 0.02)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def benjamini_hochberg(pvalues: list[float]) -> list[float]:
+    """Benjamini and Hochberg's (1995) step-up adjusted p-values (JRSS B 57, 289-300; scipy.stats.
+    false_discovery_control): sorted ascending, the i-th (1-based) times m / i, made monotone from the top, capped at
+    1. Rejecting where it is <= alpha keeps the false discovery rate at alpha for independent tests.
+    (0.01, 0.04, 0.03, 0.005) -> (0.02, 0.04, 0.04, 0.02)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i], reverse=True)
+    out, running = [0.0] * m, 1.0
+    for k, i in enumerate(order):
+        running = min(running, pvalues[i] * m / (m - k))
+        out[i] = min(1.0, running)
+    return out
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 """Ansible module: the bench load generator. Runs ON a D3 host (instances may listen on loopback) with the Python
-standard library only (threads + http.client): a decision suite's cases once each, timed 2- and 4-question requests,
-then closed-loop load at each concurrency."""
+standard library only (threads + http.client): a decision suite's cases once each, timed 2- and 4-question requests
+(k runs), closed-loop load at each concurrency (k runs, interleaved) and open-loop load at each request rate, timed
+from the schedule and from the send."""
 
 from __future__ import annotations
 
@@ -13,17 +14,29 @@ description:
   - Step 1, C(GET /health) (a target that does not answer 200 is reported with its C(health) and skipped) and
     C(GET /version) (the server's version string; the bench report marks a simulator by it).
   - Step 2, the accuracy pass - every case of the suite once, sequentially, recording the answers as they came.
-  - Step 3, the latency pass - each request of O(latency_requests) O(samples) times, sequentially (concurrency 1).
+  - Step 3, the latency pass - each request of O(latency_requests) O(samples) times, sequentially (concurrency 1),
+    after O(warmup) untimed requests; O(repeats) runs of it, each run's own median kept (C(runs)).
   - Step 4, the throughput pass (only the O(load_targets) when given) - for each entry of O(concurrency), that many
     threads each sending O(load_request) in a closed loop (a new request as soon as the previous answer arrived; the
     threads' starts spread over the first tenth of the level) for O(duration_s) seconds, or until O(max_requests)
-    were sent.
-  - Step 5, the request-rate pass - for each entry of O(request_rates), O(load_request) sent in an open loop at
-    Poisson arrival times (exponential gaps of mean 1/rate, as vLLM's C(benchmarks/benchmark_serving.py)
-    C(--request-rate) with burstiness 1; seeded by O(seed)) for O(duration_s) seconds, whatever the answers do.
+    were sent; O(repeats) runs of every level, interleaved (run 1 of each level, then run 2, ...), each after
+    O(warmup) untimed requests. The first fifth of a level is its ramp and answers after its end its drain - both
+    outside its window; rates count the answers inside the window to requests sent inside it, over the window's
+    length; latency is that of the requests sent inside it (answered before or after its end).
+  - Step 5, the request-rate pass - for each entry of O(request_rates), after O(warmup) untimed requests,
+    O(load_request) due at Poisson arrival times (exponential gaps of mean 1/rate, as vLLM's
+    C(benchmarks/benchmark_serving.py) C(--request-rate) with burstiness 1; seeded by O(seed)) for O(duration_s)
+    seconds, whatever the answers do, at most O(max_inflight) in flight (one due while that many are out waits, and
+    its wait counts; one still waiting when the schedule ends is not sent and is recorded as such). Latency from the
+    intended send time (C(from_schedule)) and from the actual send, and the generator's lag; the first tenth of the
+    schedule is the ramp, answers after its end the drain. Before the first rate, the generator's own limit is
+    measured in the same run (C(generator_limit), against a canned server on 127.0.0.1 for at most 1 s); a level it
+    did not drive (sent under 95 % of the offered rate, or a median lag above one mean gap) is C(driven=false), with
+    the reason.
   - Per level - requests/s, questions/s, input tokens/s (the answers' C(usage.input_tokens)), goodput (answers
-    within O(slo_ms) per second), errors, latency percentiles with their n, and the server's C(/metrics)
-    (O(metrics_path)) read before, halfway through and after the level.
+    within O(slo_ms) per second; open loop - from the schedule), errors, latency percentiles with their n and
+    distribution-free intervals, and the server's C(/metrics) (O(metrics_path)) read before, halfway through and
+    after the level.
   - Every request is recorded (C(records)) with its send and receive times (epoch seconds, the host's clock).
   - Uses only the Python standard library on the host (threads, C(http.client), one keep-alive connection per
     thread), so no package is added to a fleet host.
@@ -72,9 +85,19 @@ options:
     type: int
     default: 20
   warmup:
-    description: Untimed requests of O(load_request) sent to a target before its latency pass.
+    description: Untimed requests of O(load_request) sent to a target before each run of its latency pass and
+      before every load level.
     type: int
     default: 2
+  repeats:
+    description: Runs of the latency pass and of every closed-loop level (interleaved); the run-level figures are
+      what bench-compare judges.
+    type: int
+    default: 1
+  max_inflight:
+    description: Open loop - at most this many requests in flight at once; one due while that many are out waits.
+    type: int
+    default: 256
   concurrency:
     description: Concurrency levels of the throughput pass (requests in flight).
     type: list
@@ -169,22 +192,33 @@ results:
         is the response's C(answers) as received.
       type: list
     latency:
-      description: Per label, C({questions, samples_ms, errors, n, mean, min, p50, p95, p99, max}) (ms).
+      description: Per label, C({questions, samples_ms, errors, n, mean, min, p50, p95, p99, max, interval,
+        unsupported, runs}) (ms) over every run's samples; C(runs) one C({run, n, p50, mean, errors}) per run.
       type: dict
     throughput:
       description: One item per concurrency level, C({concurrency, questions, requests, errors, error_examples,
         elapsed_s, requests_per_s, questions_per_s, goodput_per_s, good, input_tokens_per_s, metrics, n, mean,
-        min, p50, p95, p99, max, unsupported}); the percentiles are of the successful requests' latencies at that
-        level, C(unsupported) the percentiles their n is too small for; C(metrics) is C({before, during, after}),
-        each vLLM metric name -> value (null when the server has none).
+        min, p50, p95, p99, max, interval, unsupported, window, runs}); rates over the level's windows, the
+        percentiles of the successful requests sent inside them, C(interval) their distribution-free 95 % intervals,
+        C(unsupported) the percentiles their n is too small for, C(runs) each run's C({run, requests_per_s,
+        goodput_per_s, p50, n}); C(metrics) is C({before, during, after}) of the last run, each vLLM metric name ->
+        value (null when the server has none).
       type: list
     rate:
-      description: One item per request rate, as O(concurrency)'s items with C(rate), C(scheduled),
-        C(offered_per_s), C(not_sent) and C(lag_p99_ms) (how late the sender was) instead of C(concurrency).
+      description: One item per request rate, as O(concurrency)'s items (from the send) with C(rate), C(scheduled),
+        C(offered_per_s), C(sent_per_s), C(not_sent), C(lag) (a summary of how late the sender was), C(lag_p99_ms),
+        C(from_schedule) (the percentiles from the intended send time), C(driven), C(not_driven) (why not) and
+        C(generator_limit) instead of C(concurrency).
       type: list
+    generator_limit:
+      description: The open-loop generator's own limit measured in this run, C({probe_rate, sent_per_s,
+        lag_p50_ms, at_least}); only when O(request_rates) is set.
+      type: dict
     records:
-      description: Every request sent, C({phase (accuracy, latency, closed, open), case or label or concurrency or
-        rate, sent, received (epoch s), ms, status, input_tokens, error, answers (accuracy only)}).
+      description: Every request, C({phase (accuracy, latency, closed, open), case or label or concurrency or
+        rate, run, sent, received (epoch s), ms, status, input_tokens, error, answers (accuracy only), window (ramp,
+        in, drain - load levels)}); an open-loop request also C(scheduled_s), C(lag_ms) and C(ms_from_schedule), and
+        one never sent C(not_sent) true with C(sent), C(received), C(ms) and C(status) null.
       type: list
 """
 
@@ -316,7 +350,8 @@ def accuracy_pass(client: Client, path: str, model: str, cases: list[dict], rec:
     return out
 
 
-def latency_pass(client: Client, path: str, model: str, requests: list[dict], samples: int, rec: Recorder | None = None) -> dict:
+def latency_pass(client: Client, path: str, model: str, requests: list[dict], samples: int, rec: Recorder | None = None,
+                 run: int = 1) -> dict:
     out = {}
     for req in requests:
         payload = encode(model, req["body"])
@@ -325,7 +360,7 @@ def latency_pass(client: Client, path: str, model: str, requests: list[dict], sa
             sent = time.time()
             status, data, ms = client.call("POST", path, payload)
             if rec is not None:
-                rec.add("latency", status, data, ms, sent, label=req["label"])
+                rec.add("latency", status, data, ms, sent, label=req["label"], run=run)
             if status == 200:
                 times.append(ms)
             else:
@@ -335,11 +370,28 @@ def latency_pass(client: Client, path: str, model: str, requests: list[dict], sa
     return out
 
 
-def level_figures(recs: list[dict], elapsed: float, questions: int, slo_ms: float) -> dict:
+def pool_runs(runs: list[dict]) -> dict:
+    """The latency passes of one target (one per run) as one figure per label: the pooled samples' summary, and
+    `runs`, each run's own {run, n, p50, mean, errors} - the run-level figures bench-compare judges (the spread between
+    runs is measured from them, not assumed)."""
+    out: dict = {}
+    for n, passes in enumerate(runs, start=1):
+        for label, fig in passes.items():
+            slot = out.setdefault(label, {"questions": fig["questions"], "samples_ms": [], "errors": 0, "runs": []})
+            slot["samples_ms"] += fig["samples_ms"]
+            slot["errors"] += fig["errors"]
+            slot["runs"].append({"run": n, "n": fig["n"], "p50": fig["p50"], "mean": fig["mean"], "errors": fig["errors"]})
+    for slot in out.values():
+        slot.update(summary(slot["samples_ms"]))
+    return out
+
+
+def level_figures(recs: list[dict], elapsed: float, questions: int, slo_ms: float, key: str = "ms") -> dict:
     """requests/s, questions/s, goodput (answers within slo_ms per second, vLLM benchmark_serving.py's
-    request_goodput: good completions / duration), input tokens/s of one level's records."""
+    request_goodput: good completions / duration; `key` names the latency judged against slo_ms: "ms" from the send,
+    "ms_from_schedule" from the intended send time), input tokens/s of one level's records."""
     ok = [r for r in recs if r["status"] == 200]
-    good = [r for r in ok if slo_ms > 0 and r["ms"] <= slo_ms]
+    good = [r for r in ok if slo_ms > 0 and r[key] <= slo_ms]
     tokens = sum(r["input_tokens"] or 0 for r in ok)
 
     def per_s(x: float) -> float:
@@ -443,50 +495,143 @@ def arrivals(rate: float, duration_s: float, seed: int) -> list[float]:
 
 def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s: float, timeout: float, seed: int,
                rec: Recorder, max_inflight: int = 256) -> dict:
-    """Open loop: requests sent at Poisson arrival times whatever the answers do (one thread and connection each,
-    so a slow server cannot slow the sender: no coordinated omission); latency from the actual send, the lag behind
-    the schedule recorded. More than max_inflight unanswered requests: the next ones are not sent and are errors."""
+    """Open loop: requests due at Poisson arrival times (one thread and connection each), whatever the answers do.
+    At most max_inflight unanswered at once: a request due while that many are in flight waits for one to finish and
+    goes out late (the generator's limit); one still waiting when the schedule ends is not sent (recorded, counted).
+    Each record carries its intended time (`scheduled_s`), how late it went out (`lag_ms`), its latency from the send
+    (`ms`) and from the schedule (`ms_from_schedule` = lag + ms: what a client arriving on schedule waited, free of
+    coordinated omission). The row's percentiles are from the send, `from_schedule` holds the same from the
+    schedule, `lag` the sender's lateness, `sent_per_s` the rate the generator reached."""
     schedule = arrivals(rate, duration_s, seed)
     recs: list[dict] = []
     lock = threading.Lock()
     begin = time.perf_counter()
     threads: list[threading.Thread] = []
-    dropped = 0
+    inflight = [0]
+    unsent: list[float] = []
 
-    def one(at: float) -> None:
+    def one(at: float, start: float) -> None:
         client = Client(target["url"], timeout, target.get("api_key"))
-        wall, start = time.time(), time.perf_counter()
+        wall = time.time()
         try:
             status, data, ms = client.call("POST", path, payload)
         except Exception as exc:  # reported: never a silent thread death
             status, data, ms = -1, f"load thread failed: {type(exc).__name__}: {exc}".encode(), 0.0
         finally:
             client.close()
-        r = rec.add("open", status, data, ms, wall, rate=rate, scheduled_s=round(at, 6), lag_ms=round((start - begin - at) * 1000, 2))
+            with lock:
+                inflight[0] -= 1
+        lag = (start - begin - at) * 1000.0
+        r = rec.add("open", status, data, ms, wall, rate=rate, scheduled_s=round(at, 6), lag_ms=round(lag, 2),
+                    ms_from_schedule=round(lag + ms, 2))
         with lock:
             recs.append(r)
 
     for at in schedule:
         time.sleep(max(0.0, begin + at - time.perf_counter()))
-        if sum(t.is_alive() for t in threads) >= max_inflight:
-            dropped += 1
+        while inflight[0] >= max_inflight and time.perf_counter() < begin + duration_s:
+            time.sleep(0.001)  # wait for a slot: the request goes out late, its lag counts
+        if inflight[0] >= max_inflight:
+            unsent.append(at)
             continue
-        t = threading.Thread(target=one, args=(at,), daemon=True, name=f"d3-bench-open-{len(threads)}")
+        with lock:
+            inflight[0] += 1
+        t = threading.Thread(target=one, args=(at, time.perf_counter()), daemon=True, name=f"d3-bench-open-{len(threads)}")
         t.start()
         threads.append(t)
     for t in threads:
         t.join(max(0.0, begin + duration_s + timeout + 5.0 - time.perf_counter()))
     elapsed = max(duration_s, time.perf_counter() - begin)  # the level lasts its schedule, or until the last answer
+    for at in unsent:
+        rec.records.append({"phase": "open", "rate": rate, "scheduled_s": round(at, 6), "sent": None, "received": None,
+                            "ms": None, "status": None, "input_tokens": None, "not_sent": True,
+                            "error": f"not sent: {max_inflight} requests were in flight until the schedule ended"})
     with lock:
         stuck = sum(t.is_alive() for t in threads)
-        ok = [r["ms"] for r in recs if r["status"] == 200]
+        ok = [r for r in recs if r["status"] == 200]
         errors = sorted({r["error"] for r in recs if r["status"] != 200})
         lags = [r["lag_ms"] for r in recs]
-        return {"rate": rate, "scheduled": len(schedule), "requests": len(recs) + stuck + dropped,
-                "errors": len(recs) - len(ok) + stuck + dropped, "not_sent": dropped,
-                "error_examples": (errors + (["still unanswered after the timeout"] if stuck else []))[:3],
+        return {"rate": rate, "scheduled": len(schedule), "requests": len(recs) + stuck + len(unsent),
+                "errors": len(recs) - len(ok) + stuck + len(unsent), "not_sent": len(unsent),
+                "error_examples": (errors + (["still unanswered after the timeout"] if stuck else [])
+                                   + ([f"{len(unsent)} not sent"] if unsent else []))[:3],
                 "elapsed_s": round(elapsed, 3), "offered_per_s": round(len(schedule) / duration_s, 2),
-                "lag_p99_ms": summary(lags, 2)["p99"], "_recs": list(recs), **summary(ok)}
+                "sent_per_s": round(len(threads) / duration_s, 2), "max_inflight": max_inflight,
+                "lag": summary(lags, 2), "lag_p99_ms": summary(lags, 2)["p99"],
+                "from_schedule": summary([r["ms_from_schedule"] for r in ok]), "_recs": list(recs),
+                **summary([r["ms"] for r in ok])}
+
+
+def driven(row: dict, limit: dict | None) -> tuple[bool, str]:
+    """Did the generator drive this open-loop level? Not when it sent fewer than 95 % of the scheduled requests per
+    second, or when its median lag behind the schedule exceeded one mean gap (1/rate): then its figures are the
+    generator's, not the server's. The reason names the generator's own limit measured in this run."""
+    lag50 = (row.get("lag") or {}).get("p50")
+    gap_ms = 1000.0 / row["rate"]
+    known = f"; the generator's own limit, measured in this run: {limit['sent_per_s']:g}/s" if limit else ""
+    if row["sent_per_s"] < 0.95 * row["offered_per_s"]:
+        return False, f"the generator sent {row['sent_per_s']:g}/s of {row['offered_per_s']:g}/s offered{known}"
+    if lag50 is not None and lag50 > gap_ms:
+        return False, f"the generator's median lag {lag50:g} ms exceeds the mean gap {gap_ms:.3g} ms{known}"
+    return True, ""
+
+
+CANNED = b'{"object": "stand-in", "answers": {}}'
+
+
+def generator_limit(rate: float, duration_s: float, max_inflight: int) -> dict:
+    """The open-loop generator's own limit, measured in the same run on the same host: rate_level at `rate` for
+    duration_s against a canned local server (127.0.0.1, an ephemeral port, this process, the time of one level at
+    most 1 s; it answers every POST at once and is shut down after). {probe_rate, sent_per_s, lag_p50_ms, at_least}:
+    at_least when it kept up with the probe (the limit is higher still). The server shares the process, so the figure
+    is a lower bound of what the generator does alone."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Canned(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(CANNED)))
+            self.end_headers()
+            self.wfile.write(CANNED)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Canned)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="d3-bench-canned").start()
+    try:
+        target = {"url": f"http://127.0.0.1:{server.server_address[1]}", "api_key": None}
+        row = rate_level(target, "/", b"{}", rate, duration_s, 5.0, 0, Recorder(), max_inflight)
+    finally:
+        server.shutdown()
+        server.server_close()
+    return {"probe_rate": rate, "sent_per_s": row["sent_per_s"], "lag_p50_ms": row["lag"]["p50"],
+            "at_least": driven(row, None)[0]}
+
+
+def window_figures(recs: list[dict], start: float, end: float, questions: int, slo_ms: float, key: str = "ms",
+                   due: float | None = None) -> dict:
+    """A level's figures over its measurement window [start, end] (epoch s): latency over the requests sent inside it
+    (their answers counted even after the window, so no slow answer is cut off), rates over the answers received
+    inside it to those requests. Requests sent before `start` (the ramp) and answers after `end` (the drain) are
+    left out of the rates; each record is marked `window` ramp, in or drain. `due`: the open loop's start (epoch s):
+    a request belongs to the window by its intended time (due + scheduled_s), not by when it went out."""
+    inside = []
+    for r in recs:
+        if r.get("sent") is None:
+            continue
+        at = r["sent"] if due is None else due + r["scheduled_s"]
+        r["window"] = "ramp" if at < start else "in" if r["received"] <= end else "drain"
+        if at >= start:
+            inside.append(r)
+    length = max(0.0, end - start)
+    counted = [r for r in inside if r["window"] == "in"]
+    ok = [r[key] for r in inside if r["status"] == 200]
+    return {**level_figures(counted, length, questions, slo_ms, key), "window_s": round(length, 3), **summary(ok)}
 
 
 class Refused(Exception):
@@ -497,6 +642,75 @@ def check_marker(marker: str | None) -> None:
     if marker and os.path.exists(marker):
         raise Refused(f"{marker} exists: a rollout is restarting this host (rollout.yml's marker, d3_state_rollout_marker); "
                       "bench refuses a host mid-rollout. Run it again when the rollout has finished.")
+
+
+def warm(p: dict, target: dict, payload: bytes) -> None:
+    """p["warmup"] untimed requests, one at a time, before a pass or a load level (none recorded)."""
+    client = Client(target["url"], p["timeout"], target.get("api_key"))
+    for _ in range(p["warmup"]):
+        client.call("POST", p["path"], payload)
+    client.close()
+
+
+def closed_levels(p: dict, target: dict, payload: bytes, questions: int, rec: Recorder) -> list[dict]:
+    """Every concurrency level p["repeats"] times, interleaved (run 1 of every level, then run 2, ...), each after
+    its warm-up; the figures of a level over its window - the first fifth of the level (the threads' staggered
+    starts and their first answers) is its ramp, answers after its end its drain, both left out of the rates - pooled
+    over the runs, with each run's own figures in `runs`."""
+    by: dict[int, list[tuple[dict, dict, float, list[dict]]]] = {}
+    for _ in range(p["repeats"]):
+        for level in p["concurrency"]:
+            warm(p, target, payload)
+            sampler = Sampler(target, p["timeout"], p["metrics_path"], time.perf_counter() + p["duration_s"] / 2)
+            first, wall = len(rec.records), time.time()
+            row = load_level(target, p["path"], payload, level, p["duration_s"], p["max_requests"], p["timeout"], rec)
+            row.pop("_ok")
+            recs = rec.records[first:]
+            for r in recs:
+                r["run"] = len(by.get(level, [])) + 1
+            by.setdefault(level, []).append((row, sampler.finish(), wall, recs))
+    ramp = p["duration_s"] / 5.0
+    out = []
+    for level, runs in by.items():
+        figs = [window_figures(recs, wall + ramp, wall + p["duration_s"], questions, p["slo_ms"]) for _, _, wall, recs in runs]
+        kept = [r for *_, recs in runs for r in recs if r.get("window") in ("in", "drain")]
+        counted = [r for r in kept if r["window"] == "in"]
+        out.append({"concurrency": level, "questions": questions,
+                    "requests": sum(r[0]["requests"] for r in runs), "errors": sum(r[0]["errors"] for r in runs),
+                    "error_examples": sorted({e for r in runs for e in r[0].get("error_examples", [])})[:3],
+                    "elapsed_s": round(sum(r[0]["elapsed_s"] for r in runs), 3),
+                    **level_figures(counted, (p["duration_s"] - ramp) * len(runs), questions, p["slo_ms"]),
+                    **summary([r["ms"] for r in kept if r["status"] == 200]),
+                    "window": {"ramp_s": round(ramp, 3), "length_s": round(p["duration_s"] - ramp, 3)},
+                    "runs": [{"run": n, "requests_per_s": f["requests_per_s"], "goodput_per_s": f["goodput_per_s"],
+                              "p50": f["p50"], "n": f["n"]} for n, f in enumerate(figs, start=1)],
+                    "metrics": runs[-1][1]})
+    return out
+
+
+def open_levels(p: dict, target: dict, payload: bytes, questions: int, rec: Recorder, limit: dict | None) -> list[dict]:
+    """Every request rate once, after its warm-up; the first tenth of its schedule is its ramp and answers after the
+    schedule's end its drain, both left out of the rates; latency from the send and from the schedule; a level the
+    generator could not drive is marked `driven: false` with the reason."""
+    out = []
+    for rate in p["request_rates"]:
+        warm(p, target, payload)
+        sampler = Sampler(target, p["timeout"], p["metrics_path"], time.perf_counter() + p["duration_s"] / 2)
+        wall = time.time()
+        row = rate_level(target, p["path"], payload, rate, p["duration_s"], p["timeout"], p["seed"], rec, p["max_inflight"])
+        recs = row.pop("_recs")
+        ramp = p["duration_s"] / 10.0
+        sched = window_figures(recs, wall + ramp, wall + p["duration_s"], questions, p["slo_ms"], "ms_from_schedule", due=wall)
+        send = window_figures(recs, wall + ramp, wall + p["duration_s"], questions, p["slo_ms"], "ms", due=wall)
+        ok, why = driven(row, limit)
+        row.update({k: v for k, v in send.items() if k not in ("good", "goodput_per_s")})
+        row.update({"good": sched["good"], "goodput_per_s": sched["goodput_per_s"],
+                    "from_schedule": {k: sched[k] for k in ("n", "mean", "min", "p50", "p95", "p99", "max", "interval",
+                                                             "unsupported")},
+                    "window": {"ramp_s": ramp, "length_s": round(p["duration_s"] - ramp, 3)},
+                    "driven": ok, "not_driven": why, "generator_limit": limit})
+        out.append({"questions": questions, **row, "metrics": sampler.finish()})
+    return out
 
 
 def bench_target(p: dict, target: dict) -> dict:
@@ -513,27 +727,23 @@ def bench_target(p: dict, target: dict) -> dict:
     result["cases"] = accuracy_pass(client, p["path"], target["model"], p["cases"], rec)
     by_label = {r["label"]: r for r in p["latency_requests"]}
     load = by_label.get(p["load_request"])
-    if load is not None:
-        for _ in range(p["warmup"]):
-            client.call("POST", p["path"], encode(target["model"], load["body"]))
-    result["latency"] = latency_pass(client, p["path"], target["model"], p["latency_requests"], p["samples"], rec)
+    passes = []
+    for run in range(1, p["repeats"] + 1):
+        if load is not None:
+            for _ in range(p["warmup"]):
+                client.call("POST", p["path"], encode(target["model"], load["body"]))
+        passes.append(latency_pass(client, p["path"], target["model"], p["latency_requests"], p["samples"], rec, run))
+    result["latency"] = pool_runs(passes)
     client.close()
     if load is None or (p["load_targets"] and target["name"] not in p["load_targets"]):
         return result
     questions = len(load["body"].get("questions") or {})
     payload = encode(target["model"], load["body"])
-    for level in p["concurrency"]:
-        sampler = Sampler(target, p["timeout"], p["metrics_path"], time.perf_counter() + p["duration_s"] / 2)
-        first = len(rec.records)
-        row = load_level(target, p["path"], payload, level, p["duration_s"], p["max_requests"], p["timeout"], rec)
-        row.pop("_ok")
-        row.update(level_figures(rec.records[first:], row["elapsed_s"], questions, p["slo_ms"]))
-        result["throughput"].append({"concurrency": level, "questions": questions, **row, "metrics": sampler.finish()})
-    for rate in p["request_rates"]:
-        sampler = Sampler(target, p["timeout"], p["metrics_path"], time.perf_counter() + p["duration_s"] / 2)
-        row = rate_level(target, p["path"], payload, rate, p["duration_s"], p["timeout"], p["seed"], rec)
-        row.update(level_figures(row.pop("_recs"), row["elapsed_s"], questions, p["slo_ms"]))
-        result["rate"].append({"questions": questions, **row, "metrics": sampler.finish()})
+    result["throughput"] = closed_levels(p, target, payload, questions, rec)
+    if p["request_rates"]:
+        limit = generator_limit(max(10.0 * max(p["request_rates"]), 500.0), min(1.0, p["duration_s"]), p["max_inflight"])
+        result["generator_limit"] = limit
+        result["rate"] = open_levels(p, target, payload, questions, rec, limit)
     return result
 
 
@@ -551,6 +761,8 @@ def main() -> None:
             "load_request": {"type": "str", "default": "q4"},
             "samples": {"type": "int", "default": 20},
             "warmup": {"type": "int", "default": 2},
+            "repeats": {"type": "int", "default": 1},
+            "max_inflight": {"type": "int", "default": 256},
             "concurrency": {"type": "list", "elements": "int", "default": [1, 4, 16]},
             "request_rates": {"type": "list", "elements": "float", "default": []},
             "load_targets": {"type": "list", "elements": "str", "default": []},
@@ -568,9 +780,11 @@ def main() -> None:
     )
     p = module.params
     bad = [c for c in p["concurrency"] if c < 1]
-    if bad or p["samples"] < 0 or p["duration_s"] <= 0 or any(r <= 0 for r in p["request_rates"]) or p["slo_ms"] < 0:
+    if (bad or p["samples"] < 0 or p["duration_s"] <= 0 or any(r <= 0 for r in p["request_rates"]) or p["slo_ms"] < 0
+            or p["repeats"] < 1 or p["max_inflight"] < 1):
         module.fail_json(msg=f"concurrency levels must be >= 1 (got {p['concurrency']}), request_rates > 0 (got "
-                             f"{p['request_rates']}), samples >= 0, duration_s > 0 and slo_ms >= 0")
+                             f"{p['request_rates']}), samples >= 0, duration_s > 0, slo_ms >= 0, repeats >= 1 (got "
+                             f"{p['repeats']}) and max_inflight >= 1 (got {p['max_inflight']})")
     results = []
     try:
         for target in p["targets"]:

@@ -9,7 +9,8 @@ short_description: Draw a bench report's plots (latency vs load, one-at-a-time l
 description:
   - Runs on the controller (C(delegate_to) V(localhost)) and needs matplotlib there (requirements.txt pins it).
   - Writes C(<prefix>-latency-vs-concurrency.<format>) - the closed loop, 4-question p50 at each measured
-    concurrency (the x axis shows exactly the measured levels), p99 only where its n reaches 100.
+    concurrency (the x axis shows exactly the measured levels), p99 only where its n allows a distribution-free 95 %
+    interval (368).
   - C(<prefix>-one-at-a-time.<format>) - 2- and 4-question p50 one request at a time per instance, with the
     published configurations (O(published) C(latency), the field report's d3 27B) beside them, where they belong.
   - C(<prefix>-accuracy-vs-latency.<format>) - two panels - accuracy on the suite with its 95 % Wilson interval
@@ -17,8 +18,9 @@ description:
     suite only.
   - C(<prefix>-reliability.<format>) - the confidence of the answer given, in bins, against the accuracy observed
     in each (with its interval), the diagonal being perfect calibration.
-  - C(<prefix>-load.<format>) (when the report has an open-loop pass) - latency p50 and goodput against the
-    offered request rate, the closed loop's levels beside them at the rate they reached.
+  - C(<prefix>-load.<format>) (when the report has an open-loop pass) - against the offered request rate only,
+    as points (no line between levels), p50 latency from the schedule (filled) and from the send (hollow) and the
+    goodput; a level the generator could not drive is a grey x with no figure.
   - Legends sit outside the axes. When the report is simulated (the lab's simulator) every plot says SIMULATED in
     its title and across its area.
 options:
@@ -71,7 +73,7 @@ import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats import wilson
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats import min_n, wilson
 
 try:
     import matplotlib
@@ -127,10 +129,10 @@ def latency_vs_concurrency(report: dict, published: dict, path: str) -> None:
         xs = [t["concurrency"] for t in rows]
         levels.update(xs)
         (line,) = ax.plot(xs, [t["p50"] for t in rows], marker="o", label=f"{_who(inst)} p50")
-        tail = [t for t in rows if (t.get("n") or 0) >= 100 and t.get("p99") is not None]
+        tail = [t for t in rows if (t.get("n") or 0) >= min_n(99) and t.get("p99") is not None]
         if tail:
             ax.plot([t["concurrency"] for t in tail], [t["p99"] for t in tail], linestyle="--", marker="x",
-                    color=line.get_color(), alpha=0.6, label=f"{_who(inst)} p99 (n >= 100)")
+                    color=line.get_color(), alpha=0.6, label=f"{_who(inst)} p99 (n >= {min_n(99)})")
     if levels:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(levels), [str(c) for c in sorted(levels)])
@@ -204,28 +206,32 @@ def reliability(report: dict, published: dict, path: str) -> None:
 
 
 def load(report: dict, published: dict, path: str) -> None:
+    """The open loop only, against the OFFERED rate (one x quantity): p50 latency from the schedule (filled) and from
+    the send (hollow), and goodput; points, not lines (two levels say nothing of what lies between them); a level the
+    generator could not drive is drawn as a grey x and labelled so, without its latency."""
     fig, (lat, good) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
     for n, inst in enumerate(i for i in _healthy(report) if i.get("rate")):
-        rows = sorted(inst["rate"], key=lambda t: t["offered_per_s"])
         colour = f"C{n}"
-        xs = [t["offered_per_s"] for t in rows]
-        lat.plot(xs, [t["p50"] for t in rows], marker="o", color=colour, label=f"{_who(inst)} open loop, p50")
-        good.plot(xs, [t.get("goodput_per_s") or 0 for t in rows], marker="o", color=colour,
-                  label=f"{_who(inst)} open loop, goodput")
-        closed = [t for t in inst.get("throughput") or [] if t.get("p50") is not None and t.get("requests_per_s")]
-        for t in closed:
-            lat.scatter([t["requests_per_s"]], [t["p50"]], marker="D", facecolors="none", edgecolors=colour, s=60, zorder=5,
-                        label=f"{_who(inst)} closed loop c={t['concurrency']}")
-            good.scatter([t["requests_per_s"]], [t.get("goodput_per_s") or 0], marker="D", facecolors="none",
-                         edgecolors=colour, s=60, zorder=5, label=f"{_who(inst)} closed loop c={t['concurrency']}")
-        good.plot(xs, xs, color="grey", linestyle=":", linewidth=0.8, label="offered (all within the objective)" if n == 0 else None)
+        rows = sorted(inst["rate"], key=lambda t: t["offered_per_s"])
+        ok = [t for t in rows if t.get("driven", True) and t.get("p50") is not None]
+        bad = [t for t in rows if t.get("driven") is False]
+        lat.scatter([t["offered_per_s"] for t in ok], [(t.get("from_schedule") or t)["p50"] for t in ok], marker="o",
+                    color=colour, label=f"{_who(inst)} p50 from the schedule")
+        lat.scatter([t["offered_per_s"] for t in ok], [t["p50"] for t in ok], marker="o", facecolors="none",
+                    edgecolors=colour, label=f"{_who(inst)} p50 from the send")
+        good.scatter([t["offered_per_s"] for t in ok], [t.get("goodput_per_s") or 0 for t in ok], marker="o", color=colour,
+                     label=f"{_who(inst)} goodput")
+        if bad:
+            for ax in (lat, good):
+                ax.scatter([t["offered_per_s"] for t in bad], [0.0 if ax is good else 1.0 for t in bad], marker="x",
+                           color="grey", label=f"{_who(inst)} not driven (the generator's limit): no figure")
     slo = (report.get("settings") or {}).get("slo_ms")
-    lat.set_xlabel("request rate (req/s): offered (open loop), reached (closed loop)")
-    lat.set_ylabel("4-question latency p50 (ms)")
+    lat.set_xlabel("offered request rate (req/s, open loop)")
+    lat.set_ylabel("4-question latency p50 (ms, log)")
     lat.set_yscale("log")
-    good.set_xlabel("request rate (req/s): offered (open loop), reached (closed loop)")
-    good.set_ylabel(f"goodput: answers within {slo} ms per s")
-    _finish(fig, [lat, good], "Open loop (Poisson arrivals) against the closed loop", report, path)
+    good.set_xlabel("offered request rate (req/s, open loop)")
+    good.set_ylabel(f"goodput: answers within {slo} ms of the schedule per s")
+    _finish(fig, [lat, good], "Open loop (Poisson arrivals): latency from the schedule and from the send", report, path)
 
 
 DRAW = {"latency-vs-concurrency": latency_vs_concurrency, "one-at-a-time": one_at_a_time,

@@ -222,18 +222,33 @@ def test_latency_from_the_schedule_adds_the_lag(fake: tuple[type[Fake], Clock], 
     assert lags[0] == pytest.approx(30.0) and min(lags) >= 30.0 - 1e-6  # never earlier than due + 30 ms
     assert all(r["ms_from_schedule"] == pytest.approx(r["lag_ms"] + 50.0) for r in rec.records)
     assert row["p50"] == 50.0 and row["from_schedule"]["p50"] > 50.0 and row["lag"]["n"] == len(lags)
+    assert row["sent_per_s"] == row["offered_per_s"] == 3.0  # all sent within the schedule's 2 s
+
+
+def test_a_generator_too_slow_for_its_schedule_reaches_less_than_offered(fake: tuple[type[Fake], Clock],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each dispatch costs 100 ms of the clock (a slow generator) against gaps of 10 ms: every request goes out, but
+    over about ten times the schedule's length - the rate sent is over the sending time, the level not driven."""
+    fk, clock = fake
+    fk.SCRIPT = [(200, ANSWER, 5.0)]
+    real_sleep = clock.sleep
+    monkeypatch.setattr(clock, "sleep", lambda s: real_sleep(s + 0.1))
+    row = bench_load.rate_level(TARGET, "/p", b"{}", 100.0, 0.5, 60.0, 0, bench_load.Recorder())
+    assert row["not_sent"] == 0 and row["sent_per_s"] == pytest.approx(10.0, rel=0.05) and row["offered_per_s"] > 80
+    assert bench_load.driven(row, None)[0] is False
 
 
 def test_driven_or_not() -> None:
-    base = {"rate": 10.0, "offered_per_s": 10.0, "sent_per_s": 10.0, "lag": {"p50": 100.0}}
+    base = {"rate": 10.0, "offered_per_s": 10.0, "sent_per_s": 10.0, "lag": {"p50": 100.0}, "p50": 100.0}
     assert bench_load.driven(base, None) == (True, "")
     assert bench_load.driven({**base, "lag": {"p50": None}}, None) == (True, "")
+    assert bench_load.driven({**base, "p50": None, "lag": {"p50": 1e6}}, None) == (True, "")  # no answer: the rate decides
     assert bench_load.driven({**base, "sent_per_s": 9.5}, None) == (True, "")  # 95 % is enough
     limit = {"sent_per_s": 800.0}
     assert bench_load.driven({**base, "sent_per_s": 9.4}, limit) == (
         False, "the generator sent 9.4/s of 10/s offered; the generator's own limit, measured in this run: 800/s")
     assert bench_load.driven({**base, "lag": {"p50": 100.1}}, None) == (
-        False, "the generator's median lag 100.1 ms exceeds the mean gap 100 ms")
+        False, "the generator's median lag 100.1 ms exceeds the median latency from the send 100 ms")
 
 
 def test_the_generator_limit_is_measured_against_a_canned_local_server() -> None:

@@ -74,6 +74,8 @@ def test_holm_and_benjamini_hochberg() -> None:
     assert st.benjamini_hochberg(p) == pytest.approx([0.02, 0.04, 0.04, 0.02])
     assert st.holm([0.5, 0.9]) == [1.0, 1.0] and st.holm([]) == [] and st.benjamini_hochberg([]) == []
     assert st.holm([0.04]) == [0.04] and st.benjamini_hochberg([0.3, 0.9]) == pytest.approx([0.6, 0.9])
+    assert st.holm([0.6, 0.9]) == [1.0, 1.0]  # 2 x 0.6 capped at 1
+    assert st.benjamini_hochberg([0.9, 0.7]) == pytest.approx([0.9, 0.9])  # monotone from the top
 
 
 def test_welch_against_scipy() -> None:
@@ -85,10 +87,23 @@ def test_welch_against_scipy() -> None:
     assert w["p"] == pytest.approx(0.06913359319239237, rel=1e-8) and w["interval"] == pytest.approx([-0.38536808, 7.38536808])
     assert st.t_sf2(2.5, 3.7) / 2 == pytest.approx(0.03591101145591339, rel=1e-9)  # scipy.stats.t.cdf(-2.5, 3.7)
     assert st.t_quantile(0.975, 8) == pytest.approx(2.306004135204166) and st.t_quantile(0.975, 3.7) == pytest.approx(2.8675207071911895)
-    with pytest.raises(ValueError, match="not within"):
-        st.t_quantile(0.4, 3)
+    # both branches of the incomplete beta (small |t|: x near 1), against 2 * scipy.stats.t.sf(t, df)
+    for t, df, tail in ((0.5, 3.7, 0.6453356333199318), (1.0, 20.0, 0.32925657717170936), (0.1, 1.0, 0.936548965138893),
+                        (3.0, 2.2, 0.08502068982541343), (-3.0, 2.2, 0.08502068982541343)):
+        assert st.t_sf2(t, df) == pytest.approx(tail, rel=1e-10), (t, df)
+    assert st.t_sf2(0.0, 5.0) == 1.0 and st.t_sf2(1e9, 5.0) == pytest.approx(0.0, abs=1e-30)
+    # scipy.stats.t.ppf: the Cauchy's 12.7062, and a far tail
+    for p, df, q in ((0.975, 1.0, 12.706204736174694), (0.975, 30.0, 2.0422724563012378), (0.999, 4.5, 6.421242884295791)):
+        assert st.t_quantile(p, df) == pytest.approx(q, rel=1e-9), (p, df)
+    for bad in (0.4, 0.5, 1.0):
+        with pytest.raises(ValueError, match=r"^quantile .* is not within \(0.5, 1\)$"):
+            st.t_quantile(bad, 3)
     assert st.welch([1.0], [1.0, 2.0]) is None and st.welch([1.0, 2.0], [3.0]) is None
-    assert st.welch([5.0, 5.0], [5.0, 5.0])["p"] == 1.0 and st.welch([5.0, 5.0], [6.0, 6.0])["p"] == 0.0
+    assert st.welch([5.0, 5.0], [5.0, 5.0]) == {"diff": 0.0, "interval": [0.0, 0.0], "p": 1.0, "df": None}
+    assert st.welch([5.0, 5.0], [6.0, 6.0]) == {"diff": 1.0, "interval": [1.0, 1.0], "p": 0.0, "df": None}
+    one = st.welch([1.0, 2.0], [1.5, 1.5])  # spread on one side only: df = n - 1 of that side
+    assert one["df"] == pytest.approx(1.0) and one["diff"] == 0.0 and one["p"] == pytest.approx(1.0)
+    assert st.welch([1.0, 2.0, 3.0], [2.0, 3.0, 4.0], alpha=0.5)["interval"][1] < w["interval"][1]
 
 
 def test_sign_flip_against_scipy() -> None:
@@ -97,6 +112,10 @@ def test_sign_flip_against_scipy() -> None:
     assert st.sign_flip_p([0.1, -0.05, 0.2, -0.3, 0.15, 0.25, 0.01, -0.02]) == pytest.approx(0.53125)
     assert st.sign_flip_p([0.0, 0.0]) == 1.0 and st.sign_flip_p([]) == 1.0
     assert st.sign_flip_p([1.0] * 5) == pytest.approx(2 / 32)
+    assert st.sign_flip_p([1.0] * 16) == 2 / 65536  # exact up to 16 non-zero pairs
+    assert st.sign_flip_p([1.0] * 17) == pytest.approx(math.erfc(math.sqrt(17) / math.sqrt(2)))  # then the normal
+    assert st.sign_flip_p([1.0] * 3, exact_up_to=2) == pytest.approx(math.erfc(math.sqrt(3) / math.sqrt(2)))
+    assert st.sign_flip_p([3.0, 1.0, -1.0]) == pytest.approx(6 / 8)  # |sum| >= 3 in 6 of the 8 assignments
     # beyond the exact limit: the normal approximation, z = 20 / sqrt(20) for twenty +1s
     assert st.sign_flip_p([1.0] * 20) == pytest.approx(math.erfc(math.sqrt(20) / math.sqrt(2)))
     assert st.sign_flip_p([1.0, -1.0] * 10) == pytest.approx(1.0)

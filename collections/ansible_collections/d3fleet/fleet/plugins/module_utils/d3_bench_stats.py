@@ -49,8 +49,8 @@ def _binom_cdfs(n: int, p: float) -> list[float]:
             term = math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
                             + i * math.log(p) + (n - i) * math.log1p(-p))
         total += term
-        out.append(min(1.0, total))
-    out[-1] = 1.0
+        out.append(total)
+    out[-1] = 1.0  # rounding: the whole distribution sums to 1
     return out
 
 
@@ -132,9 +132,7 @@ def mcnemar_exact(right_to_wrong: int, wrong_to_right: int) -> float:
     b, c = int(right_to_wrong), int(wrong_to_right)
     if b < 0 or c < 0:
         raise ValueError(f"flip counts must be >= 0, not {b} and {c}")
-    if b + c == 0:
-        return 1.0
-    return min(1.0, 2.0 * binom_cdf(min(b, c), b + c, 0.5))
+    return min(1.0, 2.0 * binom_cdf(min(b, c), b + c, 0.5))  # no flip: binom_cdf(0, 0) = 1, p = 1
 
 
 def sign_flip_p(diffs: list[float], exact_up_to: int = 16) -> float:
@@ -193,27 +191,20 @@ def t_sf2(t: float, df: float) -> float:
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The p-quantile (0.5 < p < 1) of Student's t with df degrees of freedom: Newton's method on t_sf2 from the
-    normal quantile, each step kept inside a bracket that bisection narrows when Newton would leave it."""
+    """The p-quantile (0.5 < p < 1) of Student's t with df degrees of freedom: Newton's method on the cumulative
+    distribution from t = 0. For t >= 0 that distribution is concave (its density falls), so every Newton step lands
+    below the quantile and the iteration climbs to it without overshooting."""
     if not 0.5 < p < 1.0:
         raise ValueError(f"quantile {p} is not within (0.5, 1)")
     want = 2.0 * (1.0 - p)  # the two-sided tail at the quantile
     log_c = math.lgamma((df + 1.0) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
-    lo, hi, t = 0.0, 1e4, 2.0
-    for _ in range(100):
-        tail = t_sf2(t, df)
-        if tail > want:
-            lo = t
-        else:
-            hi = t
+    t = 0.0
+    for _ in range(200):
         pdf = math.exp(log_c - (df + 1.0) / 2.0 * math.log1p(t * t / df))
-        step = (tail - want) / (2.0 * pdf) if pdf > 0 else 0.0
-        nxt = t + step
-        if not lo < nxt < hi:
-            nxt = (lo + hi) / 2.0
-        if abs(nxt - t) < 1e-12 * max(1.0, t):
-            return nxt
-        t = nxt
+        step = (t_sf2(t, df) - want) / (2.0 * pdf)
+        t += step
+        if step < 1e-12 * max(1.0, t):
+            break
     return t
 
 
@@ -242,11 +233,11 @@ def holm(pvalues: list[float]) -> list[float]:
     dependence. (0.01, 0.04, 0.03, 0.005) -> (0.03, 0.06, 0.06, 0.02)."""
     m = len(pvalues)
     order = sorted(range(m), key=lambda i: pvalues[i])
-    out, running = [0.0] * m, 0.0
+    out, running = {}, 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         out[i] = running
-    return out
+    return [out[i] for i in range(m)]
 
 
 def benjamini_hochberg(pvalues: list[float]) -> list[float]:
@@ -256,11 +247,11 @@ def benjamini_hochberg(pvalues: list[float]) -> list[float]:
     (0.01, 0.04, 0.03, 0.005) -> (0.02, 0.04, 0.04, 0.02)."""
     m = len(pvalues)
     order = sorted(range(m), key=lambda i: pvalues[i], reverse=True)
-    out, running = [0.0] * m, 1.0
+    out, running = {}, 1.0
     for k, i in enumerate(order):
-        running = min(running, pvalues[i] * m / (m - k))
-        out[i] = min(1.0, running)
-    return out
+        running = min(running, pvalues[i] * m / (m - k))  # starts at 1: never above it
+        out[i] = running
+    return [out[i] for i in range(m)]
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:

@@ -31,8 +31,8 @@ description:
     intended send time (C(from_schedule)) and from the actual send, and the generator's lag; the first tenth of the
     schedule is the ramp, answers after its end the drain. Before the first rate, the generator's own limit is
     measured in the same run (C(generator_limit), against a canned server on 127.0.0.1 for at most 1 s); a level it
-    did not drive (sent under 95 % of the offered rate, or a median lag above one mean gap) is C(driven=false), with
-    the reason.
+    did not drive (sent under 95 % of the offered rate over its sending time, or a median lag above the median
+    latency from the send) is C(driven=false), with the reason.
   - Per level - requests/s, questions/s, input tokens/s (the answers' C(usage.input_tokens)), goodput (answers
     within O(slo_ms) per second; open loop - from the schedule), errors, latency percentiles with their n and
     distribution-free intervals, and the server's C(/metrics) (O(metrics_path)) read before, halfway through and
@@ -527,6 +527,7 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
         with lock:
             recs.append(r)
 
+    last = begin
     for at in schedule:
         time.sleep(max(0.0, begin + at - time.perf_counter()))
         while inflight[0] >= max_inflight and time.perf_counter() < begin + duration_s:
@@ -536,7 +537,8 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
             continue
         with lock:
             inflight[0] += 1
-        t = threading.Thread(target=one, args=(at, time.perf_counter()), daemon=True, name=f"d3-bench-open-{len(threads)}")
+        last = time.perf_counter()
+        t = threading.Thread(target=one, args=(at, last), daemon=True, name=f"d3-bench-open-{len(threads)}")
         t.start()
         threads.append(t)
     for t in threads:
@@ -556,7 +558,7 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
                 "error_examples": (errors + (["still unanswered after the timeout"] if stuck else [])
                                    + ([f"{len(unsent)} not sent"] if unsent else []))[:3],
                 "elapsed_s": round(elapsed, 3), "offered_per_s": round(len(schedule) / duration_s, 2),
-                "sent_per_s": round(len(threads) / duration_s, 2), "max_inflight": max_inflight,
+                "sent_per_s": round(len(threads) / max(duration_s, last - begin), 2), "max_inflight": max_inflight,
                 "lag": summary(lags, 2), "lag_p99_ms": summary(lags, 2)["p99"],
                 "from_schedule": summary([r["ms_from_schedule"] for r in ok]), "_recs": list(recs),
                 **summary([r["ms"] for r in ok])}
@@ -564,15 +566,16 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
 
 def driven(row: dict, limit: dict | None) -> tuple[bool, str]:
     """Did the generator drive this open-loop level? Not when it sent fewer than 95 % of the scheduled requests per
-    second, or when its median lag behind the schedule exceeded one mean gap (1/rate): then its figures are the
-    generator's, not the server's. The reason names the generator's own limit measured in this run."""
-    lag50 = (row.get("lag") or {}).get("p50")
-    gap_ms = 1000.0 / row["rate"]
+    second of its sending time (late sends stretch that time, unsent requests are missing from it), nor when its
+    median lag behind the schedule exceeds the median latency from the send (the wait would be mostly the
+    generator's): then its figures are the generator's, not the server's. The reason names the generator's own limit
+    measured in this run."""
+    lag50, ms50 = (row.get("lag") or {}).get("p50"), row.get("p50")
     known = f"; the generator's own limit, measured in this run: {limit['sent_per_s']:g}/s" if limit else ""
     if row["sent_per_s"] < 0.95 * row["offered_per_s"]:
         return False, f"the generator sent {row['sent_per_s']:g}/s of {row['offered_per_s']:g}/s offered{known}"
-    if lag50 is not None and lag50 > gap_ms:
-        return False, f"the generator's median lag {lag50:g} ms exceeds the mean gap {gap_ms:.3g} ms{known}"
+    if lag50 is not None and ms50 is not None and lag50 > ms50:
+        return False, f"the generator's median lag {lag50:g} ms exceeds the median latency from the send {ms50:g} ms{known}"
     return True, ""
 
 
@@ -691,7 +694,7 @@ def closed_levels(p: dict, target: dict, payload: bytes, questions: int, rec: Re
 def open_levels(p: dict, target: dict, payload: bytes, questions: int, rec: Recorder, limit: dict | None) -> list[dict]:
     """Every request rate once, after its warm-up; the first tenth of its schedule is its ramp and answers after the
     schedule's end its drain, both left out of the rates; latency from the send and from the schedule; a level the
-    generator could not drive is marked `driven: false` with the reason."""
+    generator could not drive is marked `driven: false` with the reason (driven())."""
     out = []
     for rate in p["request_rates"]:
         warm(p, target, payload)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from d3_status import status_drains  # noqa: E402
 
 NOW = 1_780_000_000.0  # 2026-05-28T20:26:40Z
 ME = {"owner": "20260528T202640Z-ctl-100", "controller": "ctl", "pid": 100, "pid_start": "555", "user": "ops",
-      "started": "2026-05-28T20:26:40Z"}  # fmt: skip
+      "started": "2026-05-28T20:26:01Z"}  # fmt: skip
 
 
 def other(**over: Any) -> str:
@@ -49,7 +50,7 @@ def test_no_lease_anywhere_takes_it_on_every_router() -> None:
     plan = lease_plan({"r1": "", "r2": None}, ME, NOW, 900, "", "host1:host2")
     assert plan == {"refusals": [], "notes": [], "lease": {
         "owner": ME["owner"], "controller": "ctl", "pid": 100, "pid_start": "555", "user": "ops",
-        "started": "2026-05-28T20:26:40Z", "expires": int(NOW) + 900, "limit": "host1:host2"}}  # fmt: skip
+        "started": "2026-05-28T20:26:01Z", "expires": int(NOW) + 900, "limit": "host1:host2"}}  # fmt: skip
     assert lease_plan({}, {"owner": "x"}, NOW)["lease"] == {"owner": "x", "controller": "", "pid": 0, "pid_start": "",
                                                              "user": "", "started": "2026-05-28T20:26:40Z",
                                                              "expires": int(NOW) + 3600, "limit": ""}  # fmt: skip
@@ -183,3 +184,47 @@ def test_status_names_the_owner_of_a_drain_left_behind() -> None:
                     "runs), drained since t, now DRAIN. The next rollout.yml or site.yml gives it back.")  # fmt: skip
     (line,) = status_drains([{"backend": "be_a", "server": "s1"}], rows, "r1")
     assert "left by an interrupted rollout, drained since ?" in line
+
+
+def test_more_routers_each_decided_and_stamps_in_utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        own = json.dumps({**json.loads(other()), "owner": ME["owner"]})
+        plan = lease_plan({"r1": own, "r2": other(), "r3": "[]", "r4": other(expires=0)}, ME, NOW)
+        assert [r.split(":")[0] for r in plan["refusals"]] == ["router r2", "router r3"]
+        assert plan["notes"] == ["router r4: took over the lease of rollout 20260528T200000Z-ctl-42 (ann on ctl, pid 42, "
+                                 "since 2026-05-28T20:00:00Z, until 1970-01-01T00:00:00Z, --limit host2): it expired at "
+                                 "1970-01-01T00:00:00Z."]  # fmt: skip
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_a_broken_lease_is_shown_cut_at_80_characters() -> None:
+    text = "x" * 100
+    (refusal,) = lease_plan({"r1": text}, ME, NOW)["refusals"]
+    assert refusal == (f"router r1: the rollout lease file holds no lease ({'x' * 80!r}): remove it on the router if no "
+                       "rollout runs, then run again.")  # fmt: skip
+
+
+def test_two_drains_kept_are_listed() -> None:
+    held = [{"backend": "be_a", "server": f"s{i}", "owner": "20260528T200000Z-ctl-42"} for i in (1, 2)]
+    kept = drains_owned({"r1": held}, {"r1": other()}, ME, NOW)["r1"]["kept"]
+    assert "its drains stay (be_a/s1, be_a/s2); this run" in kept
+
+
+def test_process_start_with_exactly_twenty_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = open
+    stat = "8 (n) " + " ".join(str(n) for n in range(3, 23))  # fields 3..22: 20 after the name
+
+    def fake_open(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == "/proc/8/stat":
+            (tmp_path / "stat").write_text(stat)
+            return real_open(tmp_path / "stat", *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert process_start(8) == "22"
+    stat = "8 (n) " + " ".join(str(n) for n in range(3, 22))  # 19: no start time
+    assert process_start(8) == ""

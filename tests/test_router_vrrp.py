@@ -218,3 +218,45 @@ def test_the_role_defaults_have_no_pair() -> None:
     assert defaults["d3_router_vip"] == "" and defaults["d3_router_vrrp_password"] == ""
     assert 1 <= defaults["d3_router_vrrp_router_id"] <= 255
     assert len(CONTRACT["contract"]) == 5 and CONTRACT["contract"]["auth_pass_max_chars"] == 8
+
+
+def test_every_refusal_in_full() -> None:
+    """The whole sentence of each refusal (what the operator reads)."""
+    assert vrrp({"r1": router("10.79.0.11")}, "r1")["errors"] == [
+        "d3_router_vip is set but d3-routers has 1 router (r1): a virtual address needs two or more routers to move "
+        "between. Add a router, or leave d3_router_vip empty."]  # fmt: skip
+    assert vrrp({"r1": None, "r2": None, "r3": router("x")}, "r3")["errors"] == [
+        "r1, r2: not in this run (each router's address is the others' unicast peer): run the routers together "
+        "(-l d3-routers, or without --limit)."]  # fmt: skip
+    assert vrrp({"r1": router("10.79.0.11"), "r2": router("10.79.0.12", vip="10.79.0.9"),
+                 "r3": router("10.79.0.13", vip="10.79.0.9")}, "r1")["errors"] == [
+        "d3_router_vip differs between the routers (r1 and r2, r3): every router of d3-routers must have the same (set "
+        "it for the group, not per host)."]  # fmt: skip
+    bad = {name: {**r, "vip": "x", "router_id": 0, "password": "", "listen": "::"} for name, r in pair().items()}
+    assert vrrp(bad, "r1")["errors"] == [
+        "r1: d3_router_vip = 'x' is not an IPv4 address (the routers' virtual address, e.g. 192.0.2.10; empty for none).",
+        "r1: d3_router_vrrp_router_id = 0 is not a whole number 1-255 (keepalived's virtual_router_id, unique on the "
+        "routers' network).",
+        "r1: d3_router_vrrp_password is not 1-8 characters of letters, digits, . _ + = - (keepalived's auth_pass uses "
+        "only the first eight; put it in Ansible Vault).",
+        "r1: d3_router_listen_address = '::': with d3_router_vip, HAProxy must listen on every IPv4 address (0.0.0.0) to "
+        "take the virtual address's connections on whichever router holds it (and its own check over loopback)."]  # fmt: skip
+    assert vrrp({n: {**r, "vip": "fd00::10"} for n, r in pair().items()}, "r1")["errors"] == [
+        "r1: d3_router_vip = 'fd00::10' is IPv6: the router pair takes an IPv4 virtual address (VRRPv2)."]
+    assert vrrp(pair(r2=router("10.79.0.12", prefix=16)), "r1")["errors"] == [
+        "the routers hold d3_router_vip = 10.79.0.10 in different subnets (10.79.0.0/16, 10.79.0.0/24): they must share "
+        "one."]  # fmt: skip
+    # each router's own problem is named, not only the first's
+    two = vrrp({"r1": router("10.80.0.11"), "r2": router("10.81.0.12"), "r3": router("10.79.0.13")}, "r3")["errors"]
+    assert [e.split(":")[0] for e in two] == ["r1", "r2"]
+    two = vrrp({"r1": router("10.79.0.11", interface="a b"), "r2": router("10.79.0.12", interface="c d")}, "r1")["errors"]
+    assert [e.split(":")[0] for e in two] == ["r1", "r2"]
+    plan = vrrp({"r1": router("10.79.0.11")}, "r1")
+    assert (plan["interface"], plan["address"], plan["prefix"]) == ("", "", 0)
+
+
+def test_a_bad_address_before_the_good_one_is_skipped() -> None:
+    skipped = {**router("x"), "addresses": [{"interface": "e", "address": "bad", "prefix": 24},
+                                            {"interface": "vrrp0", "address": "10.79.0.12", "prefix": 24}]}  # fmt: skip
+    assert vrrp(pair(r2=skipped), "r2")["address"] == "10.79.0.12"
+    assert vrrp(pair(r2=router("10.79.0.12", router_id="51")), "r1")["errors"][0].startswith("d3_router_vrrp_router_id differs")

@@ -130,7 +130,7 @@ def lease_plan(leases: dict[str, Any], me: dict[str, Any], now: Any, seconds: An
 def lease_holder(text: Any, me: dict[str, Any], now: Any) -> dict[str, Any] | None:
     """The live holder of a router's lease ({owner, ..., description}), None when there is none or it is gone."""
     lease = _parse(text)
-    if lease is None or "broken" in lease or _gone(lease, me, float(now)):
+    if lease is None or _gone(lease, me, float(now)):
         return None
     return {**lease, "description": describe(lease)}
 

@@ -45,10 +45,6 @@ def vrrp_addresses(text: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _one(settings: dict[str, Any], key: str) -> str:
-    return json.dumps(settings.get(key), sort_keys=True)
-
-
 def _subnet(vip: ipaddress.IPv4Address, addresses: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The router's own address whose subnet holds the virtual address (not the virtual address itself)."""
     for entry in addresses:
@@ -56,7 +52,7 @@ def _subnet(vip: ipaddress.IPv4Address, addresses: list[dict[str, Any]]) -> dict
             net = ipaddress.ip_interface(f"{entry['address']}/{entry['prefix']}")
         except (ValueError, KeyError):
             continue
-        if net.version == 4 and net.ip != vip and vip in net.network and net.network.prefixlen < 32:
+        if net.version == 4 and net.ip != vip and vip in net.network:
             return entry
     return None
 
@@ -73,7 +69,6 @@ def _vip_problems(name: str, settings: dict[str, Any]) -> tuple[ipaddress.IPv4Ad
     if vip is not None and vip.version != 4:
         problems.append(f"{name}: d3_router_vip = {raw!r} is IPv6: the router pair takes an IPv4 virtual address "
                         "(VRRPv2).")  # fmt: skip
-        vip = None
     router_id = settings.get("router_id")
     if isinstance(router_id, bool) or not str(router_id).isdigit() or not 1 <= int(router_id) <= 255:
         problems.append(f"{name}: d3_router_vrrp_router_id = {router_id!r} is not a whole number 1-255 (keepalived's "
@@ -118,7 +113,7 @@ def vrrp(routers: dict[str, dict[str, Any]], me: str) -> dict[str, Any]:
     first = routers[names[0]]
     for key, variable in (("vip", "d3_router_vip"), ("router_id", "d3_router_vrrp_router_id"),
                           ("password", "d3_router_vrrp_password"), ("listen", "d3_router_listen_address")):  # fmt: skip
-        differ = [n for n in names if _one(routers[n], key) != _one(first, key)]
+        differ = [n for n in names if routers[n].get(key) != first.get(key)]
         if differ:
             errors.append(f"{variable} differs between the routers ({names[0]} and {', '.join(differ)}): every router "
                           "of d3-routers must have the same (set it for the group, not per host).")  # fmt: skip
@@ -126,7 +121,7 @@ def vrrp(routers: dict[str, dict[str, Any]], me: str) -> dict[str, Any]:
         return plan
     vip, problems = _vip_problems(names[0], first)
     errors.extend(problems)
-    if vip is None or errors:
+    if errors:
         return plan
     own: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -146,7 +141,7 @@ def vrrp(routers: dict[str, dict[str, Any]], me: str) -> dict[str, Any]:
         errors.append(f"the routers hold d3_router_vip = {vip} in different subnets ({', '.join(sorted(networks))}): "
                       "they must share one.")  # fmt: skip
     if errors or me not in own:
-        if me not in routers and not errors:
+        if not errors:
             errors.append(f"{me} is not a router of d3-routers.")
         return plan
     mine = own[me]

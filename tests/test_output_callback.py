@@ -431,3 +431,62 @@ def test_before_any_play_the_real_clock_and_an_unreachable_only_step() -> None:
     cb.v2_runner_on_unreachable(result("h", Obj(ignore_unreachable=True, _role=None)))
     cb.v2_playbook_on_stats(Obj(processed={}, summarize=dict))
     assert display.lines[1] == (phase_line("h", "play tasks", {"unreachable": 1}, 1.5, (1, 16)), fleet.C.COLOR_ERROR, False)
+
+
+# ---- issue 35: one problem per line, grouped by host; each host's block under its name -------------------------
+def test_a_list_of_problems_prints_one_problem_a_line_under_its_host() -> None:
+    cb, display = callback()
+    cb.v2_playbook_on_play_start(PLAY)
+    plan = Task("Refuse a plan that cannot work", action="ansible.builtin.assert")
+    cb.v2_playbook_on_task_start(plan, False)
+    problems = ["host h1: d3_models[0]: unknown model 'd3-mnii' (did you mean 'd3-mini'?). Fix: set d3_models[0].model",
+                "host h1: d3_models[1]: port  8100\ncollides. Fix: give each instance its own port",
+                "plan so far (nothing is changed until every problem is fixed):", ""]  # fmt: skip
+    cb.v2_runner_on_failed(result("h1", plan, msg=problems))
+    cb.v2_runner_on_failed(result("h2", plan, msg=["host h2: one problem. Fix: x"]))
+    assert display.text()[1:] == [
+        "FAILED h1 [play tasks] Refuse a plan that cannot work:",
+        "  host h1: d3_models[0]: unknown model 'd3-mnii' (did you mean 'd3-mini'?). Fix: set d3_models[0].model",
+        "  host h1: d3_models[1]: port 8100",
+        "  collides. Fix: give each instance its own port",
+        "  plan so far (nothing is changed until every problem is fixed):",
+        "FAILED h2 [play tasks] Refuse a plan that cannot work: host h2: one problem. Fix: x",
+    ]
+    assert {c for line, c, _ in display.lines[1:]} == {fleet.C.COLOR_ERROR}
+
+
+def test_failure_lines() -> None:
+    assert fleet.failure_lines({"msg": ["a", "b  c"]}) == ["a", "b c"]
+    assert fleet.failure_lines({"msg": ("a", "b")}) == ["a", "b"]
+    assert fleet.failure_lines({"msg": ["only"]}) == ["only"]
+    assert fleet.failure_lines({"msg": "one\ntwo"}) == ["one two"]
+    loop = {"msg": ["x", "y"], "results": [{"failed": True, "msg": "m", "item": "i"}]}
+    assert fleet.failure_lines(loop) == ["i: m"]
+
+
+def test_a_host_s_own_block_is_labelled_and_the_same_block_from_another_host_says_so() -> None:
+    cb, display = callback()
+    cb.v2_playbook_on_play_start(PLAY)
+    show = Task("Show the plan", role="d3_units", action="ansible.builtin.debug")
+    cb.v2_playbook_on_task_start(show, False)
+    for h in ("l4-a", "l4-b", "l4-c"):
+        cb.v2_runner_on_start(Host(h), show)
+    block = ["d3-mini: d3-mini on GPU 0, port 8000", "GPU 0 NVIDIA L4: 10365/23034 MiB budgeted"]
+    cb.v2_runner_on_ok(result("l4-a", show, msg=block))
+    cb.v2_runner_on_ok(result("l4-b", show, msg=block))
+    cb.v2_runner_on_ok(result("l4-c", show, msg=["d3-edge: d3-edge on GPU 0, port 8000"]))
+    fleet_table = ["host  model", "l4-a  d3-mini", "l4-b  d3-mini"]  # names its hosts: printed once, unlabelled
+    cb.v2_runner_on_ok(result("l4-a", show, msg=fleet_table))
+    cb.v2_runner_on_ok(result("l4-b", show, msg=fleet_table))
+    once = Task("Summary", action="ansible.builtin.debug", run_once=True)
+    cb.v2_playbook_on_task_start(once, False)
+    cb.v2_runner_on_ok(result("l4-a", once, msg=["fleet: 3 host(s)"]))
+    assert display.text()[1:] == ["l4-a:", *block, "l4-b: the same as l4-a", "l4-c:", "d3-edge: d3-edge on GPU 0, port 8000",
+                                  *fleet_table, "fleet: 3 host(s)"]  # fmt: skip
+
+
+def test_names_a_host() -> None:
+    assert fleet.names_a_host("l4-a  d3-mini", ["l4-a", "l4-b"])
+    assert not fleet.names_a_host("l4-ab d3-mini", ["l4-a"])
+    assert not fleet.names_a_host("health", ["h"])
+    assert fleet.names_a_host("host h: x", ["h"])

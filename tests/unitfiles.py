@@ -29,12 +29,12 @@ def render_units(tmp: Path, hosts: dict[str, dict]) -> subprocess.CompletedProce
 
 
 def printed_podman_runs(stdout: str) -> dict[str, list[str]]:
-    """The `podman run` lines plan.yml printed (its "Show the plan" task), split as a shell splits them, by unit."""
+    """The `podman run` lines plan.yml printed (its "Show the fleet plan" task), split as a shell splits them, by unit."""
     runs: dict[str, list[str]] = {}
-    show = stdout.split("TASK [d3_units : Show the plan]", 1)[1].split("TASK [", 1)[0]
+    show = stdout.split("TASK [Show the fleet plan", 1)[1].split("TASK [", 1)[0]
     for block in re.findall(r"^ok: \[[^\]]+\] => (\{.*?^\})", show, flags=re.M | re.S):
         for line in json.loads(block)["msg"]:
-            if line.startswith("  podman run "):
+            if line.lstrip().startswith("podman run "):
                 words = shlex.split(line)
                 runs[words[words.index("--name") + 1]] = words[2:]
     return runs

@@ -14,8 +14,9 @@ description:
     role it includes count as its own) - C(ok),
     C(changed) with the number of changed tasks, or C(FAILED), the number of tasks it ran and how long it took -
     the messages of C(ansible.builtin.debug) tasks (the plan, smoke, status and bench tables) line by line, never
-    wrapped nor quoted, each failure once (host, step, task and the task's own message, which names the fix), and
-    a recap of one line per host.
+    wrapped nor quoted (a host's own message, when several hosts print, under the host's name; the same message
+    from another host as one line naming both), each failure once (host, step, task and the task's own message,
+    which names the fix; a list of problems one problem a line under that host), and a recap of one line per host.
   - Hidden without C(-v) - every task banner, the C(ok)/C(skipped) lines, the result dictionaries, a failure a
     C(rescue) section handles (the rescue's own failure is printed), a failure under C(ignore_errors), the Python
     traceback and the source excerpt of a failed task. Warnings and deprecations are printed as usual.
@@ -41,6 +42,7 @@ EXAMPLES = r"""
 """
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -87,6 +89,22 @@ def failure_message(result: Mapping[str, Any]) -> str:
     if "rc" in result and result.get("rc") not in (0, None) and "rc " not in text:
         text = f"{text} (rc {result['rc']})" if text else f"rc {result['rc']}"
     return " ".join(text.split()) or "failed without a message (-v shows the whole result)"
+
+
+def failure_lines(result: Mapping[str, Any]) -> list[str]:
+    """A failed result as the lines to print: a message that is a list of problems (the plan's refusals, a refused
+    host's plan so far) one problem a line; anything else the one line of failure_message."""
+    msg = result.get("msg")
+    if isinstance(msg, list | tuple) and len(msg) > 1 and not result.get("results"):
+        lines = [" ".join(line.split()) for item in msg for line in str(item).splitlines()]
+        return [line for line in lines if line]
+    return [failure_message(result)]
+
+
+def names_a_host(text: str, hosts: list[str]) -> bool:
+    """Whether ``text`` names one of ``hosts`` as a word (a fleet table does; a host's own plan block may not)."""
+    words = set(re.findall(r"[\w.-]+", text))
+    return any(h in words for h in hosts)
 
 
 def _label(item: Mapping[str, Any]) -> str:
@@ -171,7 +189,7 @@ class CallbackModule(DefaultCallback):
         self._role_step: Step | None = None
         self._play_step: Step | None = None
         self._play_hosts: list[str] = []
-        self._printed: set[tuple[str, str]] = set()
+        self._printed: dict[tuple[str, str], str] = {}
         self._clock = time.monotonic
 
     def _verbose(self) -> bool:
@@ -248,10 +266,13 @@ class CallbackModule(DefaultCallback):
         self._count(result, "changed" if res.get("changed") else "ok")
         self._handle_warnings(res)
         if result.task.action in DEBUG_ACTIONS:
-            self._print_debug(result.task, res)
+            self._print_debug(result.task, res, result.host.get_name())
         return None
 
-    def _print_debug(self, task: Any, res: Mapping[str, Any]) -> None:
+    def _print_debug(self, task: Any, res: Mapping[str, Any], host: str = "") -> None:
+        """Each message line by line. A message from one of several hosts that names none of them (a host's own
+        block) is labelled with its host; the same message again from another host says so in one labelled line;
+        the same fleet table (it names hosts) from every host prints once."""
         for one in res.get("results") or [res]:
             if "msg" in one:
                 lines = message_lines(one["msg"])
@@ -259,10 +280,15 @@ class CallbackModule(DefaultCallback):
                 lines = [f"{k}: {line}" for k, v in one.items() if not k.startswith("_") and k not in (
                     "changed", "failed", "item", "ansible_loop_var") for line in message_lines(v)]
             text = "\n".join(lines)
-            if (task._uuid, text) in self._printed:  # the same message from every host: once
+            label = bool(host) and len(self._play_hosts) > 1 and not getattr(task, "run_once", False) and not names_a_host(
+                text, self._play_hosts)
+            first = self._printed.get((task._uuid, text))
+            if first is not None:  # the same message from another host
+                if label:
+                    self._display.display(f"{host}: the same as {first}")
                 continue
-            self._printed.add((task._uuid, text))
-            self._display.display(text)
+            self._printed[(task._uuid, text)] = host
+            self._display.display(f"{host}:\n" + text if label else text)
 
     def v2_runner_on_failed(self, result: Any, ignore_errors: bool = False) -> None:
         if self._verbose():
@@ -275,8 +301,11 @@ class CallbackModule(DefaultCallback):
             self._count(result, "rescued")
         else:
             step = self._count(result, "failed")
-            line = f"FAILED {result.host.get_name()} [{step.name}] {task_name(result.task)}: {failure_message(res)}"
-            self._display.display(line, color=C.COLOR_ERROR, stderr=self.get_option("display_failed_stderr"))
+            lines = failure_lines(res)
+            head = f"FAILED {result.host.get_name()} [{step.name}] {task_name(result.task)}:"
+            # one problem per line under its host: a list of problems is not joined into one line
+            text = f"{head} {lines[0]}" if len(lines) == 1 else "\n".join([head, *(f"  {line}" for line in lines)])
+            self._display.display(text, color=C.COLOR_ERROR, stderr=self.get_option("display_failed_stderr"))
         return None
 
     def v2_runner_on_unreachable(self, result: Any) -> None:

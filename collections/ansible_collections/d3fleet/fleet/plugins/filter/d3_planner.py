@@ -1055,7 +1055,8 @@ class _Planner:
         for inst in sorted(auto, key=lambda i: (-i["tp"], -i["util"])):
             self.place_auto(inst)
         placed = [i for i in resolved if "gpus" in i]
-        self.assign_ports(placed)
+        # a fixed port is checked even when its instance was not placed (a GPU listed twice): one run names both
+        self.assign_ports([i for i in resolved if "gpus" in i or i["port_wanted"] is not None])
         self.check_listen_address()
         self.check_options()
         ready = [i for i in placed if "port" in i]

@@ -20,6 +20,7 @@ from ansible_collections.d3fleet.fleet.plugins.filter.d3_fleet_plan import (
     VIEW_VARS,
     fleet_plan,
     fleet_views,
+    truthy,
     with_views,
 )
 
@@ -68,7 +69,7 @@ class ActionModule(ActionBase):
             role_vars.update(v)
             if name in VALIDATED:
                 specs[name] = spec["argument_specs"]["main"]["options"]
-        checked = set(PLAN_VARS).union(*specs.values())
+        checked = set(PLAN_VARS).union(VIEW_VARS, ("d3_firewall_enabled",), *specs.values())
         extra = dict(manager.extra_vars)
         groups = task_vars.get("groups", {})
         routers = [h for h in play_hosts if h in groups.get("d3-routers", [])]
@@ -99,8 +100,9 @@ class ActionModule(ActionBase):
                           groups=list(task_vars.get("groups", {})), anchor=play_hosts[0] if play_hosts else "")
         for host in (h for h in group if h in hosts):
             entry = plan["hosts"].get(host)
-            if entry is not None and not entry["problems"]:
-                gathered[host].update(read(host, (*VIEW_VARS, *FIREWALL_VARS), {"d3_host_plan": entry["plan"]}))
+            # the firewall's defaults read the host's plan: templated once it is known, and only when it is on
+            if entry is not None and not entry["problems"] and truthy(gathered[host].get("d3_firewall_enabled", False)):
+                gathered[host].update(read(host, FIREWALL_VARS, {"d3_host_plan": entry["plan"]}))
         views = fleet_views(plan, gathered, [h for h in group if h in hosts] if set(group) <= set(hosts) else group,
                             {r: read(r, ROUTER_VARS) for r in routers}, {m: read(m, MONITOR_VARS) for m in monitors})
         result.update(changed=False, fleet=with_views(plan, views))

@@ -6,6 +6,7 @@ and a refused fleet through the fleet callback, one problem per line under its h
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,22 @@ SIX = ROOT / "inventories/six-hosts"
 FLEET_CALLBACK = {"ANSIBLE_STDOUT_CALLBACK": "d3fleet.fleet.fleet"}
 
 
+def vault(tmp: Path) -> list[str]:
+    """The example vault's password (its file says it: an example) in a file only this test reads."""
+    said = re.search(r'vault password is "([^"]+)"', (SIX / "group_vars/all/vault.yml").read_text())
+    assert said, "the example vault file names its example password"
+    path = tmp / "vault-password"
+    path.write_text(said.group(1) + "\n")
+    path.chmod(0o600)
+    return ["--vault-password-file", str(path)]
+
+
 @pytest.fixture(scope="module")
 def six(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
-    """One plan of the example, without the vault password (the plan does not decrypt the key), as JSON too."""
-    out = tmp_path_factory.mktemp("six") / "plan.json"
-    proc = ansible_playbook("playbooks/plan.yml", "-i", str(SIX), "-e", f"d3_plan_output={out}", **FLEET_CALLBACK)
+    """One plan of the example (with its example vault password: the checks across groups compare the keys), as JSON."""
+    tmp = tmp_path_factory.mktemp("six")
+    out = tmp / "plan.json"
+    proc = ansible_playbook("playbooks/plan.yml", "-i", str(SIX), *vault(tmp), "-e", f"d3_plan_output={out}", **FLEET_CALLBACK)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout, json.loads(out.read_text())
 
@@ -54,7 +66,7 @@ def test_the_example_plans_every_host_router_and_monitor_by_name(six: tuple[str,
     rows = {line.split()[0]: line.split()[1:] for line in lines[start : start + 4]}
     assert rows == {"d3": ["4", f"{kv['d3']:,}"], "d3-flash": ["2", f"{kv['d3-flash']:,}"],
                     "d3-lite": ["4", f"{kv['d3-lite']:,}"], "d3-mini": ["8", f"{kv['d3-mini']:,}"]}  # fmt: skip
-    # the vaulted key is set (every instance requires it) though this run had no vault password
+    # the vaulted key is set: every instance requires it
     assert all("--secret d3-api-key,type=env,target=VLLM_API_KEY" in line for line in lines if line.strip().startswith("podman run"))
     assert "firewall: on (d3_firewall_enabled): model ports 8000, 8001 from 10.0.1.2, 10.0.1.3" in out
 
@@ -65,8 +77,8 @@ def test_the_example_s_vault_file_is_yaml_that_yamllint_passes() -> None:
     assert "vault_d3_units_api_key" in yaml.safe_load((SIX / "group_vars/all/main.yml").read_text())["d3_units_api_key"]
 
 
-def test_the_default_batches_are_refused_by_the_plan_before_anything_is_pulled() -> None:
-    proc = ansible_playbook("playbooks/plan.yml", "-i", str(SIX), "-e", '{"d3_rollout_serial": [1, "25%", "100%"]}',
+def test_the_default_batches_are_refused_by_the_plan_before_anything_is_pulled(tmp_path: Path) -> None:
+    proc = ansible_playbook("playbooks/plan.yml", "-i", str(SIX), *vault(tmp_path), "-e", '{"d3_rollout_serial": [1, "25%", "100%"]}',
                             "-e", "d3_rollout_max_unavailable=1", **FLEET_CALLBACK)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     refusal = ("  rollout.yml would refuse, before staging pulls anything: batch 3 (l4-03, l4-04, l4-05, l4-06) would "

@@ -415,9 +415,6 @@ def test_the_rollout_refusal_is_said_by_the_plan() -> None:
     two = rollout_lines(order, plan["plans"], {"d3_rollout_max_unavailable": 2, "d3_rollout_min_up": 2})
     assert two[1:] == ["  drain check: passes"] and "d3_rollout_max_unavailable 2" in two[0]
     assert ROLLOUT_DEFAULTS == {"d3_rollout_serial": [1, "25%", "100%"], "d3_rollout_max_unavailable": 1, "d3_rollout_min_up": 1}
-    rollout_yml = (ROOT / "playbooks/rollout.yml").read_text()
-    assert "d3_rollout_serial | default([1, '25%', '100%'])" in rollout_yml
-    assert "d3_rollout_max_unavailable | default(1), d3_rollout_min_up | default(1)" in rollout_yml
 
 
 def test_remaps() -> None:

@@ -71,6 +71,15 @@ def test_the_example_plans_every_host_router_and_monitor_by_name(six: tuple[str,
     assert "firewall: on (d3_firewall_enabled): model ports 8000, 8001 from 10.0.1.2, 10.0.1.3" in out
 
 
+def test_the_plan_s_rollout_defaults_are_rollout_yml_s() -> None:
+    from d3_fleet_plan import ROLLOUT_DEFAULTS
+
+    rollout_yml = (ROOT / "playbooks/rollout.yml").read_text()
+    serial, unavailable, up = ROLLOUT_DEFAULTS.values()
+    assert f"d3_rollout_serial | default({serial!r})".replace('"', "'") in rollout_yml
+    assert f"d3_rollout_max_unavailable | default({unavailable}), d3_rollout_min_up | default({up})" in rollout_yml
+
+
 def test_the_example_s_vault_file_is_yaml_that_yamllint_passes() -> None:
     vault = (SIX / "group_vars/all/vault.yml").read_text()
     assert vault.startswith("---\n") and "$ANSIBLE_VAULT;1.1;AES256" in vault

@@ -153,6 +153,7 @@ def test_the_fleet_is_refused_before_anything_when_a_router_or_the_monitor_is_le
     l4_vars = inventory["all"]["children"]["l4-nodes"]["vars"]
     inventory["all"]["vars"] = {"d3_units_api_key": l4_vars.pop("d3_units_api_key")}  # group_vars/all
     l4_vars["d3_firewall_monitors"] = ["10.0.0.20"]
+    l4_vars["d3_listen_address"] = "0.0.0.0"  # the router and the monitor reach it (plan.yml plans them too)
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     proc = ansible_playbook("playbooks/plan.yml", "-i", str(tmp_path / "hosts.yml"))
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -478,3 +478,81 @@ def test_a_vaulted_key_counts_as_set_and_is_not_checked() -> None:
     assert fleet["problems"] == {}
     assert any("--secret d3-api-key" in line for line in fleet["hosts"]["l4-a"]["report"])
     assert fleet_plan({"l4-a": host(d3_listen_address="0.0.0.0")}, CATALOG, COMMON)["problems"]
+
+
+# ---- the wiring: each filter gets the variables its role gives it (mutation testing's survivors) ------------------
+import d3_fleet_plan  # noqa: E402
+
+
+def test_fleet_hosts_is_the_placement_input() -> None:
+    got = d3_fleet_plan.fleet_hosts(["a", "b"], {"a": {"d3_gpu_count": 2, "d3_gpu_memory_mib": 20000, "d3_host_labels": ["big"],
+                                                       "d3_models": [{"model": "d3"}]}})  # fmt: skip
+    assert got == {"a": {"gpus": 2, "gpu_memory_mib": 20000, "labels": ["big"], "models": [{"model": "d3"}]},
+                   "b": {"gpus": None, "gpu_memory_mib": None, "labels": [], "models": []}}  # fmt: skip
+
+
+def test_the_placement_gets_the_fleet_s_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(d3_fleet_plan, "d3_fleet_place", lambda *a: seen.append(a) or {"hosts": {"l4-a": [{"model": "d3-edge"}]},
+                                                                                        "table": ["t"], "errors": []})  # fmt: skip
+    v = host(d3_gpu_count=1, d3_models=[], d3_fleet_models=[{"model": "d3-edge", "replicas": 1}], d3_allow_non_l4="yes",
+             d3_allow_cuda_graphs=True, d3_vram_overhead_mib=600, d3_min_concurrency=2, d3_gpu_share_cap=0.9,
+             d3_cuda_compat="1")  # fmt: skip
+    fleet = fleet_plan({"l4-a": v}, CATALOG, COMMON, group=["l4-a", "l4-b"], others={"l4-b": {"d3_gpu_count": 3}})
+    (models, catalog, common, hosts, options), = seen
+    assert models == [{"model": "d3-edge", "replicas": 1}] and catalog is CATALOG and common is COMMON
+    assert hosts["l4-b"]["gpus"] == 3 and hosts["l4-a"]["gpus"] == 1
+    assert options == {"allow_non_l4": True, "allow_cuda_graphs": True, "vram_overhead_mib": 600, "min_concurrency": 2,
+                       "gpu_share_cap": 0.9, "cuda_compat": True}  # fmt: skip
+    assert [i["model"] for i in fleet["hosts"]["l4-a"]["plan"]["instances"]] == ["d3-edge"]
+    assert fleet["lines"][:2] == ["fleet placement (d3_fleet_models):", "t"]
+    assert fleet["placement"]["table"] == ["t"]
+    plain = fleet_plan({"l4-a": host()}, CATALOG, COMMON)
+    assert plain["placement"] == {"hosts": {}, "table": [], "errors": []} and len(seen) == 1
+
+
+def test_a_host_refused_by_the_argument_spec_is_not_planned() -> None:
+    fleet = fleet_plan({"l4-a": host(d3_gpu_count="four")}, CATALOG, COMMON, specs={"d3": D3_SPEC})
+    invalid = fleet["problems"]["l4-a"]
+    assert fleet["hosts"]["l4-a"] == {"plan": {"host": "l4-a", "instances": [], "gpus": [], "errors": invalid, "partial": []},
+                                      "problems": invalid, "report": [], "image": None}  # fmt: skip
+    assert fleet["plans"]["l4-a"]["errors"] == invalid and invalid[0].startswith("host l4-a: role d3's arguments")
+
+
+def test_the_monitor_and_router_filters_get_their_role_s_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: dict[str, list[Any]] = {"scrape": [], "rules": [], "router": []}
+    scraped = {"targets": [], "models": ["m"], "errors": []}
+    monkeypatch.setattr(d3_fleet_plan, "metrics_scrape", lambda *a: calls["scrape"].append(a) or scraped)
+    monkeypatch.setattr(d3_fleet_plan, "metrics_rules", lambda *a: calls["rules"].append(a) or {"rules": {}, "errors": []})
+    routed = {"models": [], "errors": [], "endpoint": {}, "metrics": {}}
+    monkeypatch.setattr(d3_fleet_plan, "router_backends", lambda *a: calls["router"].append(a) or routed)
+    monitor = {"ansible_host": "10.0.0.8", "d3_metrics_scrape_interval": "5s", "d3_metrics_evaluation_interval": "6s",
+               "d3_metrics_node_exporter_port": 9111, "d3_metrics_alertmanager": "127.0.0.1:9999",
+               "d3_metrics_rules_file": "/r.yml"}  # fmt: skip
+    router = {"ansible_host": "10.0.0.9", "d3_router_ports": {"d3-mini": 9100}, "d3_router_listen_address": "0.0.0.0",
+              "d3_router_port": 8001, "d3_router_metrics_port": 8406, "d3_router_metrics_allowed": ["10.0.0.8"],
+              "d3_router_allowed_paths": ["/x"]}  # fmt: skip
+    plan = fleet_plan(FLEET, CATALOG, COMMON)
+    fleet_views(plan, FLEET, ["l4-a", "l4-b"], {"router-1": router}, {"mon-1": monitor})
+    (fleet, name, ports, listen, options), = calls["router"]
+    assert fleet == router_fleet(FLEET, plan["plans"], ["l4-a", "l4-b"]) and name == "router-1"
+    assert ports == {"d3-mini": 9100} and listen == "0.0.0.0"
+    assert options == {"endpoint_port": 8001, "metrics_port": 8406, "metrics_allowed": ["10.0.0.8"], "allowed_paths": ["/x"]}
+    (fleet, name, routers, others, options), = calls["scrape"]
+    assert name == "mon-1" and routers == {"router-1": {"ansible_host": "10.0.0.9", "metrics_port": 8406}}
+    assert others == {"mon-1": {"ansible_host": "10.0.0.8"}}
+    assert options == {"scrape_interval": "5s", "evaluation_interval": "6s", "node_exporter_port": 9111,
+                       "alertmanager": "127.0.0.1:9999", "rules_file": "/r.yml"}  # fmt: skip
+    assert calls["rules"] == [(["m"], {})]
+
+
+def test_the_unit_inputs_checked_are_the_unit_role_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(d3_fleet_plan, "input_problems", lambda checks, host: seen.append((checks, host)) or [])
+    names = ["d3_units_image_ref", "d3_units_cdi_unit", "d3_units_wait_ready", "d3_units_start_timeout_s",
+             "d3_units_restart_sec", "d3_units_api_key_secret", "d3_units_api_key_fingerprint_file"]  # fmt: skip
+    assert unit_problems("h", {n: f"v-{n}" for n in names}) == []
+    kinds = ["text", "unit", "path", "seconds", "seconds", "secret_name", "path"]
+    assert seen == [([{"name": n, "kind": k, "value": f"v-{n}"} for n, k in zip(names, kinds, strict=True)], "h")]
+    validate = (ROOT / "roles/d3_units/tasks/validate.yml").read_text()
+    assert re.findall(r"'name': '(\w+)', 'kind': '(\w+)'", validate) == list(zip(names, kinds, strict=True))

@@ -239,10 +239,10 @@ def tool() -> Any:
     return module
 
 
-def lite_url(bench: dict[str, Any]) -> str:
-    """host3's d3-lite as published on this machine's loopback (the lab's port mapping)."""
-    (lite,) = [i for i in bench["report"]["instances"] if (i["host"], i["name"]) == (ROLLED, "d3-lite")]
-    port = lite["url"].rsplit(":", 1)[1]
+def lite_url() -> str:
+    """host3's d3-lite (running, as converged) as published on this machine's loopback (the lab's port mapping)."""
+    args = labkit.container_args(ROLLED, "d3-lite")
+    port = args[args.index("--port") + 1]
     return "http://" + labkit.podman("port", ROLLED, f"{port}/tcp", check=True).stdout.strip().splitlines()[0]
 
 
@@ -280,11 +280,11 @@ def interleaved_benches(urls: list[str], runs: int, p: dict[str, Any]) -> list[d
     return out
 
 
-def test_a_a_same_build_benched_five_times_every_pair_compared(bench: dict[str, Any]) -> None:
+def test_a_a_same_build_benched_five_times_every_pair_compared(converge_run: labkit.Run) -> None:
     """The same build (host3's d3-lite, nightly) benched 5 times (5 runs each, interleaved), every one of the 10 pairs
     compared by bench-compare: the share of comparisons with any CHANGED, against the stated family-wise 5 %."""
     start = time.monotonic()
-    url = lite_url(bench)
+    url = lite_url()
     benches = interleaved_benches([url] * 5, 5, params())
     reports = [as_report([b], f"bench {n}") for n, b in enumerate(benches, start=1)]
     bc = tool()
@@ -369,12 +369,12 @@ def test_seeded_accuracy_regression_and_ten_percent_latency_flagged_with_five_ru
     assert d["runs"] == [5, 5] and d["changed"] and d["interval"][0] > 1.0, d
 
 
-def test_open_loop_beyond_the_generator_limit_is_reported_and_timed_from_the_schedule(bench: dict[str, Any]) -> None:
+def test_open_loop_beyond_the_generator_limit_is_reported_and_timed_from_the_schedule(converge_run: labkit.Run) -> None:
     """Open loop on host3's d3-lite with at most one request in flight (the generator's limit here: about 1 / 15 ms):
     at 20/s it keeps up; at 300/s it falls behind, the level is reported NOT DRIVEN, latency from the send stays
     flat while latency from the schedule climbs (coordinated omission, measured instead of hidden)."""
     start = time.monotonic()
-    url = lite_url(bench)
+    url = lite_url()
     p = params(request_rates=[20.0, 300.0], max_inflight=1, samples=0)
     load = {r["label"]: r for r in p["latency_requests"]}["q4"]
     target = {"name": "d3-lite", "url": url, "model": "d3-lite"}

@@ -256,6 +256,8 @@ def test_the_generator_limit_is_measured_against_a_canned_local_server() -> None
     limit = bench_load.generator_limit(10.0, 0.5, 256)
     assert limit["probe_rate"] == 10.0 and limit["at_least"] is True and limit["sent_per_s"] > 0
     assert limit["lag_p50_ms"] is not None and limit["lag_p50_ms"] < 100.0
+    busy = bench_load.generator_limit(5000.0, 0.2, 1)  # one in flight: far below 5000/s
+    assert busy["at_least"] is False and 0 < busy["sent_per_s"] < 0.95 * 5000.0
 
 
 def test_window_marks_ramp_in_and_drain() -> None:

@@ -586,8 +586,8 @@ def generator_limit(rate: float, duration_s: float, max_inflight: int) -> dict:
     """The open-loop generator's own limit, measured in the same run on the same host: rate_level at `rate` for
     duration_s against a canned local server (127.0.0.1, an ephemeral port, this process, the time of one level at
     most 1 s; it answers every POST at once and is shut down after). {probe_rate, sent_per_s, lag_p50_ms, at_least}:
-    at_least when it sent 95 % of the probe's rate (the limit is higher still). The server shares the process, so the figure
-    is a lower bound of what the generator does alone."""
+    at_least when it sent 95 % of the probe's rate (the limit is higher still). The server shares the process, so the
+    figure is a lower bound of what the generator does alone."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Canned(BaseHTTPRequestHandler):

@@ -190,3 +190,26 @@ def test_malformed_input_refuses_nothing_it_cannot_read(value: Any) -> None:
 
 def test_the_filter_is_registered() -> None:
     assert FilterModule().filters() == {"d3_driver_problems": driver_problems, "d3_fleet_problems": fleet_problems}
+
+
+def test_every_entry_is_read_past_the_ones_that_pass() -> None:
+    """A good router, a host with the firewall off, a bad network entry, the monitor's own host: each is passed over
+    and the next one still checked."""
+    problems = fleet_problems(fleet(
+        l4_nodes={"a": {"firewall": False}, "b": firewalled(["bad", "10.9.0.0/16"], api_key=KEY)},
+        d3_routers={"r1": {"check_api_key": KEY, "ansible_host": "127.0.0.1"},
+                    "r2": {"check_api_key": "", "ansible_host": "10.0.0.10", "metrics_allowed": ["10.8.0.0/16", "10.9.0.0/16"]}},
+        d3_monitors={"b": {"ansible_host": "10.0.0.11"}, "mon-1": {"ansible_host": "10.0.0.5"},
+                     "mon-2": {"ansible_host": "10.0.0.6"}}))  # fmt: skip
+    assert [p.split(" (")[0].split(":")[0] for p in problems] == ["router r2 cannot authenticate to b", "host b", "router r2"]
+    assert "the monitor mon-1 ('10.0.0.5'), mon-2 ('10.0.0.6') of d3-monitors would be refused" in problems[1]
+    assert "d3_firewall_monitors = ['bad', '10.9.0.0/16'] reach" in problems[1]
+    assert ("d3_router_metrics_allowed = ['10.8.0.0/16', '10.9.0.0/16'] only: the monitor b ('10.0.0.11'), "
+            "mon-1 ('10.0.0.5'), mon-2 ('10.0.0.6') of d3-monitors would get 403") in problems[2]  # fmt: skip
+
+
+def test_a_host_without_an_address_is_reached_at_its_name() -> None:
+    """No ansible_host: the monitor scrapes the inventory name, here a loopback address (nothing to check)."""
+    spec = {"firewall": True, "firewall_monitors": []}
+    assert monitor_problems(fleet(l4_nodes={"127.0.0.1": spec}, d3_routers={"127.0.0.2": {}}, d3_monitors=MON)) == []
+    assert len(monitor_problems(fleet(l4_nodes={"h": spec}, d3_routers={"r": {}}, d3_monitors=MON))) == 2

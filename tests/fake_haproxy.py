@@ -34,6 +34,7 @@ class FakeHAProxy:
         self.after_set: dict[tuple[str, str], list[str]] = {}  # the statuses a set server leads to (health checks)
         self.refuse = ""
         self.answer_stat: str | None = None
+        self.servers_state = "Unknown command.\n"  # the answer to `show servers state` (management.txt 9.3)
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(path)
         self.server.listen(8)
@@ -75,6 +76,8 @@ class FakeHAProxy:
                 row[17] = status if status is not None else row[17]
                 lines.append(",".join(row))
             return "\n".join(lines) + "\n\n"
+        if command == "show servers state":
+            return self.servers_state
         words = command.split(" ")
         if len(words) == 5 and words[:2] == ["set", "server"] and words[3] == "state":
             if self.refuse:
@@ -84,7 +87,8 @@ class FakeHAProxy:
                 if (row[0], row[1]) == (backend, name):
                     row[17] = {"drain": "DRAIN", "ready": "UP", "maint": "MAINT"}[words[4]]
                     self.status.pop((backend, name), None)
-                    if (backend, name) in self.after_set:
+                    # what the health checks do after a drain or a ready (a ready goes through maint first: not then)
+                    if (backend, name) in self.after_set and words[4] != "maint":
                         self.status[(backend, name)] = self.after_set.pop((backend, name))
                     return "\n"
             return "No such server.\n\n"

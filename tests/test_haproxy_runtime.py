@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.module_utils.common import warnings as ansible_warnings
 from ansible.module_utils.testing import patch_module_args
 from fake_haproxy import CAPTURED, FakeHAProxy, FakeMaster
 
@@ -41,11 +42,12 @@ def haproxy() -> Iterator[FakeHAProxy]:
 
 def params(sock: str, **over: Any) -> dict[str, Any]:
     base = {"socket": sock, "router": "r1", "servers": [], "state": None, "wait": False, "timeout": 60, "poll": 1.0,
-            "connect_timeout": 10.0}  # fmt: skip
+            "connect_timeout": 10.0, "state_file": ""}  # fmt: skip
     return {**base, **over}
 
 
 def run_main(capsys: pytest.CaptureFixture[str], **args: Any) -> dict[str, Any]:
+    args.setdefault("state_file", "")  # the module's default is the router's file; the tests that save pass theirs
     with patch_module_args(args), pytest.raises(SystemExit):
         haproxy_runtime.main()
     return json.loads(capsys.readouterr().out)
@@ -112,16 +114,80 @@ def test_ready_gives_back_drained_down_and_maint_servers_only(haproxy: FakeHAPro
     haproxy.status[("be_d3-mini", "d3-lab-host1-d3-mini")] = ["NOLB"]
     nano, mini = {"backend": "be_d3-nano", "server": "d3-lab-host2-d3-nano"}, {"backend": "be_d3-mini", "server": "d3-lab-host1-d3-mini"}
     out = run_main(capsys, socket=haproxy.path, servers=[LITE2, LITE3, FLASH, nano, mini], state="ready")
-    assert haproxy.commands[1:] == ["set server be_d3-lite/d3-lab-host2-d3-lite state ready",
-                                    "set server be_d3-flash/d3-lab-host2-d3-flash state ready",
-                                    "set server be_d3-nano/d3-lab-host2-d3-nano state ready"]  # fmt: skip
-    assert out["changed"] is True and len(out["changed_servers"]) == 3
+    # each through maintenance, so that HAProxy's slowstart ramps it up (it applies when a server leaves MAINT)
+    assert haproxy.commands[1:] == [f"set server {name} state {step}" for name in (
+        "be_d3-lite/d3-lab-host2-d3-lite", "be_d3-flash/d3-lab-host2-d3-flash", "be_d3-nano/d3-lab-host2-d3-nano")
+        for step in ("maint", "ready")]  # fmt: skip
+    assert out["changed"] is True and len(out["changed_servers"]) == 3 and out["state_saved"] == ""
 
 
 def test_check_mode_reports_what_would_change_and_sends_nothing(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str]) -> None:
     out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="drain", wait=True, _ansible_check_mode=True)
     assert haproxy.commands == ["show stat"]
     assert out["changed"] is True and out["changed_servers"] == ["be_d3-lite/d3-lab-host2-d3-lite"] and out["waited_s"] == 0.0
+
+
+# --- the saved state --------------------------------------------------------------------------------------------
+
+STATE = "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state\n4 be_d3-lite 1 d3-lab-host2-d3-lite 10.0.0.2 2 1\n"
+
+
+def test_a_change_writes_show_servers_state_to_the_state_file(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    """After the servers' state changed, `show servers state` goes where HAProxy's server-state-file reads it (a
+    start after kill -9 applies the state as it is now, not the last reload's), world-readable, no temporary left."""
+    haproxy.servers_state = STATE
+    target = tmp_path / "server-state"
+    target.write_text("1\nan older state\n")
+    out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="drain", state_file=str(target))
+    assert haproxy.commands == ["show stat", "set server be_d3-lite/d3-lab-host2-d3-lite state drain", "show servers state"]
+    assert target.read_text() == STATE and out["state_saved"] == str(target) and "warnings" not in out
+    assert oct(target.stat().st_mode & 0o777) == "0o644" and sorted(p.name for p in tmp_path.iterdir()) == ["server-state"]
+    out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="ready", state_file=str(target))
+    assert haproxy.commands[-1] == "show servers state" and out["state_saved"] == str(target)
+
+
+def test_nothing_changed_nothing_written(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    haproxy.servers_state = STATE
+    haproxy.status[(LITE2["backend"], LITE2["server"])] = ["DRAIN"]
+    out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="drain", state_file=str(tmp_path / "s"))
+    assert haproxy.commands == ["show stat"] and out["state_saved"] == "" and not (tmp_path / "s").exists()
+    out = run_main(capsys, socket=haproxy.path, servers=[LITE3], state="drain", state_file=str(tmp_path / "s"), _ansible_check_mode=True)
+    assert out["changed"] is True and out["state_saved"] == "" and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("answer", ["Unknown command.\n", "", "2\n# a format this module does not know\n"])
+def test_a_state_that_cannot_be_read_removes_the_file_and_warns(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path, answer: str) -> None:  # fmt: skip
+    """An older state must not be applied at the next start: the file goes, the change stands, a warning says so."""
+    haproxy.servers_state = answer
+    ansible_warnings._global_warnings.clear()  # the module's warnings are process-wide: only this run's
+    target = tmp_path / "server-state"
+    target.write_text("1\nDRAIN from an older state\n")
+    out = run_main(capsys, socket=haproxy.path, router="r1", servers=[LITE2], state="drain", state_file=str(target))
+    assert out["changed"] is True and out["state_saved"] == "" and not target.exists() and list(tmp_path.iterdir()) == []
+    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in out["warnings"]]  # ansible-core 2.19: structured
+    assert warnings == [f"r1: `show servers state` could not be written to {target}; it was removed, so a start "
+                               "applies the configuration's states (every server ready) until the next change or reload."]  # fmt: skip
+
+
+def test_a_state_file_that_cannot_be_written_is_removed(haproxy: FakeHAProxy, tmp_path: Path) -> None:
+    haproxy.servers_state = STATE
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=str(tmp_path / "no-dir" / "s")), False)
+    assert out["state_saved"] == "" and not (tmp_path / "no-dir").exists()
+
+
+@pytest.mark.parametrize("path", ["relative/state", "/var/lib/../etc/passwd", "/var/lib/haproxy/a b", "/var/./x"])
+def test_a_state_file_path_that_is_not_plain_is_refused_before_anything_is_sent(haproxy: FakeHAProxy, path: str) -> None:
+    with pytest.raises(haproxy_runtime.Refusal, match=r"the state file .* is not a plain absolute path"):
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=path), False)
+    assert haproxy.commands == []
+
+
+def test_the_module_writes_the_file_the_router_role_configures() -> None:
+    """One fact in two languages: the module's default state_file is the d3_router role's server-state-file."""
+    role = yaml.safe_load((ROOT / "roles/d3_router/vars/main.yml").read_text())["_d3_router_state_file"]
+    assert haproxy_runtime.ARGUMENT_SPEC["state_file"]["default"] == role
 
 
 # --- waiting -------------------------------------------------------------------------------------------------------
@@ -155,7 +221,8 @@ def test_ready_waits_until_every_server_is_up(haproxy: FakeHAProxy) -> None:
     haproxy.status[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DRAIN"]
     clock = Clock()
     out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2, LITE3], state="ready", wait=True), False, clock, clock.sleep)
-    assert haproxy.commands == ["show stat", "set server be_d3-lite/d3-lab-host2-d3-lite state ready", "show stat"]
+    assert haproxy.commands == ["show stat", "set server be_d3-lite/d3-lab-host2-d3-lite state maint",
+                                "set server be_d3-lite/d3-lab-host2-d3-lite state ready", "show stat"]  # fmt: skip
     assert clock.sleeps == [] and out["waited_s"] == 0.0 and out["changed_servers"] == ["be_d3-lite/d3-lab-host2-d3-lite"]
 
 

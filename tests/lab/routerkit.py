@@ -43,7 +43,7 @@ STATE_FILE = yaml.safe_load((ROOT / "roles/d3_router/vars/main.yml").read_text()
 # the one fleet endpoint (routes by the body's model), when the router role has one
 ENDPOINT_PORT = yaml.safe_load((ROOT / "roles/d3_router/defaults/main.yml").read_text()).get("d3_router_port")
 
-__all__ = ["ENDPOINT_PORT", "MODEL", "PAIR_HOST", "RATE", "REPLICAS", "ROUTER", "WARMUP_S", "KeepAliveClients", "ask",
+__all__ = ["ENDPOINT_PORT", "MODEL", "PAIR_HOST", "RATE", "REPLICAS", "ROUTER", "WARMUP_S", "KeepAliveClients", "StatSampler", "ask",
            "load_tool", "machine_url", "reload_by_hand", "routed", "server_states", "set_state", "stop_waiting",
            "wait_for_state"]
 
@@ -108,6 +108,67 @@ def stop_waiting() -> None:
         if proc.poll() is None:
             proc.terminate()
     _WAITERS.clear()
+
+
+class StatSampler:
+    """``show stat`` of one backend sampled on the router every 0.25 s while it runs (one podman exec, the loop on the
+    router): per sample (monotonic seconds on the router, server, stot (sessions ever), status). ``ramps()`` gives
+    each server given back (from DRAIN, MAINT or DOWN to UP) its share of the backend's new sessions in each second
+    after, the figure slowstart shapes."""
+
+    def __init__(self, backend: str, timeout: float = 900) -> None:
+        self.backend = backend
+        script = (f"while :; do t=$(cut -d' ' -f1 /proc/uptime); echo 'show stat' | socat stdio {SOCKET} | "
+                  f"awk -F, -v t=$t '$1 == \"{backend}\" && $2 != \"BACKEND\" {{ print t \",\" $2 \",\" $8 \",\" $18 }}'; "
+                  "sleep 0.25; done")  # fmt: skip
+        self.proc = subprocess.Popen(["podman", "exec", ROUTER, "timeout", str(int(timeout)), "sh", "-c", script],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+        self.samples: list[tuple[float, str, int, str]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            when, server, stot, status = line.strip().split(",", 3)
+            self.samples.append((float(when), server, int(stot or 0), status))
+
+    def __enter__(self) -> StatSampler:
+        self.reader.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.reader.join(timeout=30)
+
+    def ramps(self, seconds: int = 12) -> list[dict[str, Any]]:
+        """Per give-back: the server, and its share (per cent) of the backend's new sessions in each second after
+        it showed UP again (None for a second with no new session)."""
+        by_time: dict[float, dict[str, tuple[int, str]]] = {}
+        for when, server, stot, status in self.samples:
+            by_time.setdefault(when, {})[server] = (stot, status)
+        times = sorted(by_time)
+        out = []
+        for server in sorted({s for _, s, _, _ in self.samples}):
+            out_of_service = False
+            for i, when in enumerate(times):
+                status = by_time[when].get(server, (0, "?"))[1]
+                if status.split(" ")[0] in ("DRAIN", "MAINT", "DOWN"):
+                    out_of_service = True
+                elif out_of_service and status.startswith("UP"):
+                    out_of_service = False
+                    shares = []
+                    for second in range(seconds):
+                        window = [t for t in times[i:] if when + second <= t <= when + second + 1]
+                        if len(window) < 2:
+                            shares.append(None)
+                            continue
+                        first, last = by_time[window[0]], by_time[window[-1]]
+                        new = {s: last[s][0] - first[s][0] for s in last if s in first}
+                        total = sum(new.values())
+                        shares.append(round(100 * new.get(server, 0) / total) if total else None)
+                    out.append({"server": server, "shares": shares})
+        return out
 
 
 def reload_by_hand() -> str:

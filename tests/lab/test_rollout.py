@@ -316,7 +316,8 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     # the fleet in two batches: d3-lab-host1 (no d3-lite) restarts beside d3-lab-host2, whose d3-lite replicas go one
     # at a time; then d3-lab-host3 (batches of the default serial: tests/test_rollout_batches.py)
     serial = [2, 1]
-    with routerkit.KeepAliveClients(urls, CLIENTS) as clients:
+    # d3-lite's show stat sampled on the router throughout: each given-back replica's share of new requests
+    with routerkit.StatSampler(backend) as sampler, routerkit.KeepAliveClients(urls, CLIENTS) as clients:
         watcher.start()
         run = run_playbook("playbooks/rollout.yml", extravars={"d3_image_name": f"{IMAGE}:nightly-next", "d3_rollout_serial": serial},
                            inventory=slow)  # fmt: skip
@@ -334,6 +335,20 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     # the reload came while a replica was drained, and it stayed drained across it (the role's server-state-file)
     assert routerkit.STATE_FILE, "the d3_router role keeps no server state across a reload (roles/d3_router/vars/main.yml)"
     assert len(reloads) == 1 and reloads[0]["after"] == "DRAIN", reloads
+
+    # a given-back replica ramps up (slowstart 10 s: the give-back goes through MAINT, docs/router.md "A returning
+    # server ramps up"): its share of new requests in its first two seconds back is below its share 8-12 s later,
+    # averaged over the give-backs (with 32 clients on three replicas a full share is about a third)
+    ramps = sampler.ramps()
+    print("given back, share of new requests per second after (%):", ramps)
+
+    def mean(values: list[int | None]) -> float:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else float("nan")
+
+    assert len(ramps) >= len(servers), ramps
+    early, late = mean([mean(r["shares"][:2]) for r in ramps]), mean([mean(r["shares"][8:12]) for r in ramps])
+    assert early < late, (early, late, ramps)
 
     # each replica had requests in flight when it was drained (show stat scur, read by the drain itself just before it
     # set the drain), and they moved one at a time: each drained, restarted and given back before the next was drained,

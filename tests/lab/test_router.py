@@ -31,10 +31,10 @@ def routed(converge_run: Run, host_names: list[str]) -> dict[str, Any]:
     return routerkit.routed(converge_run, host_names)
 
 
-def fetch(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    """(status, parsed JSON or the raw text) of a GET, or a POST of ``body``."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+def fetch(url: str, body: dict[str, Any] | bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """(status, parsed JSON or the raw text) of a GET, or a POST of ``body`` (JSON, or raw bytes)."""
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
             status, raw = answer.status, answer.read().decode()
@@ -74,7 +74,35 @@ def test_the_fleet_endpoint_routes_by_model_lists_the_fleet_and_404s_an_unknown_
     status, error = fetch(f"{endpoint}/v1/systemone", {"model": "d3-huge", "state": {}, "questions": {}})
     assert status == 404 and error["error"]["type"] == "NotFoundError", error
     assert error["error"]["message"].endswith(f"Served models: {', '.join(sorted(routed))}.")
-    assert fetch(f"{endpoint}/health")[0] == 200
+    # /health is the router's (it can serve), /health/MODEL one model's readiness; a model whose every server is
+    # drained is not ready while the router still is (an upstream balancer keeps the other models)
+    assert fetch(f"{endpoint}/health")[0] == 200 and fetch(f"{endpoint}/health/{MODEL}")[0] == 200
+    assert fetch(f"{endpoint}/health/d3-huge") == (404, "")
+    single = next(m for m in routed.values() if len(m["servers"]) == 1)
+    routerkit.set_state(single["backend"], single["servers"][0]["name"], "drain")
+    try:
+        assert fetch(f"{endpoint}/health/{single['served_name']}")[0] == 503 and fetch(f"{endpoint}/health")[0] == 200
+    finally:
+        routerkit.set_state(single["backend"], single["servers"][0]["name"], "ready")
+    # bodies the router cannot route as vLLM would read them get 400 with vLLM's error shape, never a misleading 404
+    # (tests/contracts/haproxy/loopback-2.6.12-3.0.11.json, what Debian's 2.6 and 3.0 answered on loopback)
+    question = {"state": {"model": "a car"}, "questions": {"model": {"type": "noul", "instructions": "ok?"}}}
+    refused = {
+        "duplicate_model": json.dumps({"model": MODEL, **question})[:-1].encode() + b', "mod\\u0065l": "d3-huge"}',
+        "not_json": b"model=" + MODEL.encode(),
+        "no_model": json.dumps(question).encode(),
+        "model_not_string": b'{"model": 5}',
+    }
+    for verdict, body in refused.items():
+        status, error = fetch(f"{endpoint}/v1/systemone", body)
+        assert status == 400 and error["error"]["code"] == 400 and error["error"]["type"] == "BadRequestError", (verdict, error)
+        assert error == json.loads(on_host(ROUTER, f"cat /etc/haproxy/d3-router/{verdict}.json")), verdict
+    padded = {"model": MODEL, **question, "pad": "x" * 250 * 1024}
+    assert fetch(f"{endpoint}/v1/systemone", padded)[1]["model"] == MODEL  # 250 KiB: under d3_router_max_request_kib
+    status, error = fetch(f"{endpoint}/v1/systemone", padded, {f"X-Pad-{i}": "y" * 1000 for i in range(40)})
+    assert status == 400 and "header block is over 32 KiB" in error["error"]["message"], error
+    status, error = fetch(f"{endpoint}/v1/systemone", {**padded, "pad": "x" * 300 * 1024})
+    assert status == 413 and "d3_router_max_request_kib" in error["error"]["message"], error
     own_port = machine_url(routed[MODEL]["port"])
     for base in (endpoint, own_port):
         for path in ("/metrics", "/pause", "/tokenize", "/version"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import ssl
 import subprocess
 import urllib.error
@@ -31,6 +32,8 @@ pytestmark = pytest.mark.lab
 
 LAB_CA = Path("/var/lib/d3-lab/tls")  # the lab CA (lab_nvidia_repo's make-tls.sh): LAB STAND-IN
 ENDPOINT = 8000
+# the key the router checks in this run (d3_router_api_keys; a real one comes from Ansible Vault): LAB STAND-IN
+ROUTER_KEY = "lab-router-key-0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,8 @@ def tls_run(converge_run: Run, host_names: list[str], tmp_path_factory: pytest.T
     on_host(ROUTER, f"echo 'set server {backend}/{drained} state drain' | socat stdio {SOCKET}")
     assert server_states(backend)[drained] == "DRAIN"
     run = labkit.run_playbook("tests/lab/router_role.yml", limit=f"{labkit.LAB_GROUP}:{labkit.ROUTER_GROUP}",
-                              extravars={"d3_router_test_plans": plans(converge_run),
+                              extravars={"d3_router_test_plans": plans(converge_run), "d3_router_api_keys": [ROUTER_KEY],
+                                         "d3_router_check_api_key": ROUTER_KEY,
                                          "d3_router_tls_certificate": (tmp / "cert.pem").read_text(),
                                          "d3_router_tls_key": (tmp / "key.pem").read_text()})  # fmt: skip
     states = server_states(backend)
@@ -75,8 +79,9 @@ def https(base: str) -> str:
     return base.replace("http://127.0.0.1", "https://localhost")
 
 
-def post(url: str, body: dict[str, Any], context: ssl.SSLContext) -> tuple[int, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def post(url: str, body: dict[str, Any], context: ssl.SSLContext, key: str = ROUTER_KEY) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30, context=context) as answer:
             return answer.status, json.loads(answer.read())
@@ -111,6 +116,47 @@ def test_with_tls_a_client_trusting_the_lab_ca_gets_its_decision_and_plain_http_
     # a client that does not trust the lab CA is refused by its own TLS check
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{https(machine_url(ENDPOINT))}/v1/models", timeout=30)
+    # Mozilla's intermediate profile (tests/contracts/haproxy/mozilla-intermediate-6.0.json): TLS 1.2 without forward
+    # secrecy (AES128-SHA) or below 1.2 gets no handshake; its ECDHE AEAD ciphers and TLS 1.3 do
+    host, port = https(machine_url(ENDPOINT)).removeprefix("https://").split(":")
+    # (TLS 1.1: openssl s_client on loopback, the contract; Python's OpenSSL here may not offer it at all)
+    for ciphers, version, taken in [("AES128-SHA:@SECLEVEL=0", ssl.TLSVersion.TLSv1_2, False),
+                                    ("ECDHE-RSA-AES128-SHA:@SECLEVEL=0", ssl.TLSVersion.TLSv1_2, False),
+                                    ("ECDHE-RSA-AES128-GCM-SHA256", ssl.TLSVersion.TLSv1_2, True),
+                                    (None, ssl.TLSVersion.TLSv1_3, True)]:  # fmt: skip
+        client = ssl.create_default_context(cafile=str(LAB_CA / "ca.crt"))
+        client.minimum_version = client.maximum_version = version
+        if ciphers:
+            client.set_ciphers(ciphers)
+        try:
+            with socket.create_connection((host, int(port)), timeout=10) as raw, client.wrap_socket(raw, server_hostname=host):
+                handshake = True
+        except (ssl.SSLError, ConnectionError):
+            handshake = False
+        assert handshake == taken, (ciphers, version)
+
+
+def test_the_router_checks_its_key_before_it_names_any_model(tls_run: dict[str, Any]) -> None:
+    """d3_router_api_keys: GET /v1/models and the unknown model's 404 name the served models, so without a key they
+    get vLLM's 401; with it, the list and the decisions pass (the instances, keyless in the lab, take the header)."""
+    context = ssl.create_default_context(cafile=str(LAB_CA / "ca.crt"))
+    base = https(machine_url(ENDPOINT))
+    unauthorized = json.loads((labkit.ROOT / "tests/contracts/vllm/unauthorized.json").read_text())["body"]
+    for key in ("", "a-wrong-key-0123456789"):
+        status, answer = post(f"{base}/v1/systemone", {"model": "d3-huge"}, context, key)
+        assert (status, json.loads(answer)) == (401, unauthorized), key
+        request = urllib.request.Request(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30, context=context)
+        assert refused.value.code == 401 and json.loads(refused.value.read()) == unauthorized, key
+    request = urllib.request.Request(f"{base}/v1/models", headers={"Authorization": f"Bearer {ROUTER_KEY}"})
+    with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+        assert MODEL in [card["id"] for card in json.loads(answer.read())["data"]]
+    # /health needs no key (an upstream balancer's check); only the keys' SHA-256 is on the router
+    with urllib.request.urlopen(f"{base}/health", timeout=30, context=context) as answer:
+        assert answer.status == 200
+    assert ROUTER_KEY not in on_host(ROUTER, "cat /etc/haproxy/haproxy.cfg /etc/haproxy/d3-router/api-keys.sha256")
+    assert ROUTER_KEY not in tls_run["run"].stdout
 
 
 def test_the_tls_key_is_in_no_log_and_only_root_and_haproxy_read_it(tls_run: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from its own host only: refused unless the router is that host (then the router 
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -60,6 +61,32 @@ MAX_NUM_SEQS = 256
 # what clients need: decisions, the model list, the health check (the rest of vLLM's open paths stay behind the router)
 PATHS = ("/v1/systemone", "/v1/models", "/health")
 URL_PATH = re.compile(r"\A(/[A-Za-z0-9._~-]+)+\Z")
+# the header block a request may have (HAProxy's req.hdrs, the request line and headers), on top of the body
+HEADER_KIB = 32
+# tune.maxrewrite: room kept in the buffer for the headers HAProxy adds (X-Forwarded-For); configuration.txt
+# "tune.maxrewrite": "It is generally wise to set it to about 1024"
+MAXREWRITE = 1024
+# connections beyond the frontends' for the exporter's scrapes and an upstream balancer's /health checks
+SPARE_CONNECTIONS = 64
+# Mozilla's server-side TLS guidelines 6.0, "intermediate" (mozilla/ssl-config-generator
+# src/static/guidelines/6.0.json, commit 8debe30faad8a27a3ba95954035c5d9cdd7a5066;
+# tests/contracts/haproxy/mozilla-intermediate-6.0.json): its OpenSSL ciphers (TLS 1.2), ciphersuites (TLS 1.3) and
+# curves without X25519MLKEM768, which Debian 12's OpenSSL 3.0 does not know (HAProxy refuses an unknown curve)
+TLS = {
+    "ciphers": ":".join(("ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",
+                         "ECDHE-RSA-AES256-GCM-SHA384", "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305")),
+    "ciphersuites": "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256",
+    "curves": "X25519:prime256v1:secp384r1",
+}  # fmt: skip
+# what d3-router.lua (the role's files) says of a request body, and the 400 each gets (vLLM's error shape)
+BODY_ERRORS = {
+    "not_json": "The request body is not a JSON object.",
+    "no_model": "The request body has no `model`.",
+    "duplicate_model": "The request body has `model` more than once.",
+    "model_not_string": "The request body's `model` is not a string.",
+}
+# a key the router checks (d3_router_api_keys): what a Bearer token may hold (RFC 6750 b64token), 16-512 characters
+API_KEY = re.compile(r"\A[A-Za-z0-9._~+/-]{16,512}=*\Z")
 LISTEN_HINT = ("set d3_listen_address to 0.0.0.0 or the host's own address on that host (which needs the API key, "
                "d3_units_api_key, from Vault), or run the router on that host")  # fmt: skip
 
@@ -95,6 +122,11 @@ def _max_num_seqs(args: Any) -> int | None:
     return int(text) if text.isdigit() and 0 < int(text) <= 1_000_000 else None
 
 
+def _whole(value: Any) -> Any:
+    """An inventory number as Ansible may pass it (``-e name=300`` gives the text "300"): whole-number text as int."""
+    return int(value) if isinstance(value, str) and value.isdigit() and len(value) <= 7 else value
+
+
 def _options(options: Any, errors: list[str]) -> dict[str, Any]:
     """The fleet endpoint's, the exporter's and the paths' settings, checked (errors name the variable)."""
     options = options if isinstance(options, dict) else {}
@@ -117,6 +149,18 @@ def _options(options: Any, errors: list[str]) -> dict[str, Any]:
         elif path not in paths:
             paths.append(path)
     out["paths"] = paths
+    kib = _whole(options.get("max_request_kib", 256))
+    if isinstance(kib, bool) or not isinstance(kib, int) or not 16 <= kib <= 65536:
+        errors.append(f"d3_router_max_request_kib = {shown(kib)} is not a whole number of KiB (16-65536). Fix the inventory.")
+        kib = 256
+    out["max_request_kib"] = kib
+    maxconn = _whole(options.get("maxconn", 0))
+    if isinstance(maxconn, bool) or not isinstance(maxconn, int) or not 0 <= maxconn <= 1_000_000:
+        errors.append(f"d3_router_maxconn = {shown(maxconn)} is not a whole number of connections (0: from the plan, "
+                      "or 1-1000000). Fix the inventory.")  # fmt: skip
+        maxconn = 0
+    out["maxconn"] = maxconn
+    out["api_keys"] = options.get("api_keys") is True
     allowed = options.get("metrics_allowed") or []
     out["metrics_allowed"] = []
     if not isinstance(allowed, list):
@@ -319,12 +363,15 @@ def router_backends(
             continue
         if port is not None:
             used[port] = f"model {served}"
+        capacity = sum(s["maxconn"] for s in entry["servers"])
         models.append({
             "model": next(iter(entry["models"])),
             "served_name": served,
             "frontend": None if port is None else f"fe_{served}",
             "backend": f"be_{served}",
             "port": port,
+            "capacity": capacity,
+            "maxconn": 2 * capacity if port is not None else None,
             "servers": sorted(entry["servers"], key=lambda s: s["name"]),
             "card": min(entry["cards"]),  # (server name, ...): the first server's, names are unique
         })  # fmt: skip
@@ -342,17 +389,70 @@ def router_backends(
     unknown = {"error": {"message": message, "type": "NotFoundError", "param": "model", "code": 404}}
     for m in models:
         del m["card"]
-    endpoint = {"port": settings["endpoint_port"], "paths": settings["paths"], "models_json": json.dumps(listing, sort_keys=True) + "\n",
-                "unknown_json": json.dumps(unknown, sort_keys=True) + "\n"}  # fmt: skip
+    files = {"models.json": listing, "unknown-model.json": unknown,
+             # vLLM's AuthenticationMiddleware answer (tests/contracts/vllm/unauthorized.json)
+             "unauthorized.json": {"error": "Unauthorized"},
+             "headers-too-long.json": _error(f"The request's header block is over {HEADER_KIB} KiB.", 400),
+             "too-large.json": _error(f"The request body is over {settings['max_request_kib']} KiB "
+                                      "(d3_router_max_request_kib), or did not arrive whole.", 413),
+             **{f"{verdict}.json": _error(message, 400) for verdict, message in BODY_ERRORS.items()}}  # fmt: skip
+    endpoint = {"port": settings["endpoint_port"], "paths": settings["paths"],
+                "models_json": json.dumps(listing, sort_keys=True) + "\n", "unknown_json": json.dumps(unknown, sort_keys=True) + "\n",
+                "files": {name: json.dumps(body, sort_keys=True) + "\n" for name, body in files.items()},
+                "body_errors": list(BODY_ERRORS), "api_keys": settings["api_keys"]}  # fmt: skip
     metrics = {"port": settings["metrics_port"], "allowed": settings["metrics_allowed"]}
     # the ports clients connect to (the firewall role guards them on a router); the exporter has its own allow list
     client_ports = sorted({settings["endpoint_port"], *(m["port"] for m in models if m["port"])} - {None})
     return {"models": models, "servers": servers, "endpoint": endpoint, "metrics": metrics, "client_ports": client_ports,
-            "errors": errors}  # fmt: skip
+            "limits": limits(models, settings["max_request_kib"], settings["maxconn"]), "errors": errors}  # fmt: skip
+
+
+def _error(message: str, code: int) -> dict[str, Any]:
+    """vLLM's ErrorResponse for a request it refuses (create_error_response's default type, BadRequestError)."""
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": code}}
+
+
+def limits(models: list[dict[str, Any]], max_request_kib: int, maxconn: int = 0) -> dict[str, Any]:
+    """HAProxy's buffer and connection limits from the plan (docs/router.md, "Connections and memory"):
+
+    - ``bufsize``: the largest body, ``HEADER_KIB`` of headers and ``MAXREWRITE`` (the endpoint buffers the whole
+      request to read its model);
+    - ``capacity``: the requests the fleet's instances take at once, the sum of every server's ``maxconn``;
+    - ``fleet_maxconn``: the fleet endpoint's connections, ``maxconn`` when given (d3_router_maxconn), else twice the
+      capacity (as many clients waiting, in HAProxy's queue or between two requests, as served);
+    - ``global_maxconn``: the fleet endpoint's, every model port's (twice its backend's capacity) and
+      ``SPARE_CONNECTIONS``;
+    - ``memory_mib``: the most the buffers can take, two per connection (request and response), rounded up."""
+    bufsize = max_request_kib * 1024 + HEADER_KIB * 1024 + MAXREWRITE
+    capacity = sum(m["capacity"] for m in models)
+    fleet = maxconn or max(2 * capacity, 1)
+    total = fleet + sum(m["maxconn"] for m in models if m["maxconn"]) + SPARE_CONNECTIONS
+    return {"max_body": max_request_kib * 1024, "bufsize": bufsize, "maxrewrite": MAXREWRITE, "header_kib": HEADER_KIB,
+            "capacity": capacity,
+            "fleet_maxconn": fleet, "global_maxconn": total, "spare": SPARE_CONNECTIONS,
+            "memory_mib": -(-total * 2 * bufsize // (1024 * 1024)), "tls": dict(TLS)}  # fmt: skip
+
+
+def key_hashes(keys: Any) -> dict[str, Any]:
+    """d3_router_api_keys (a list of keys, from Ansible Vault) -> ``{hashes, errors}``: the SHA-256 (hex) of each key,
+    what the router's configuration compares a client's Bearer token against; an error names the key by its position
+    only, never its text."""
+    if keys is None or keys == "" or keys == []:
+        return {"hashes": [], "errors": []}
+    if not isinstance(keys, list):
+        return {"hashes": [], "errors": ["d3_router_api_keys is not a list of keys. Fix the inventory (Ansible Vault)."]}
+    hashes, errors = [], []
+    for position, key in enumerate(keys):
+        if not isinstance(key, str) or not API_KEY.match(key):
+            errors.append(f"d3_router_api_keys[{position}] is not a key the router can check: want 16-512 characters of "
+                          "letters, digits and . _ ~ + / - (a Bearer token). Fix the inventory (Ansible Vault).")  # fmt: skip
+        else:
+            hashes.append(hashlib.sha256(key.encode()).hexdigest())
+    return {"hashes": sorted(set(hashes)), "errors": errors}
 
 
 class FilterModule:
-    """Ansible filters: d3_router_backends."""
+    """Ansible filters: d3_router_backends, d3_router_key_hashes."""
 
     def filters(self) -> dict[str, Any]:
-        return {"d3_router_backends": router_backends}
+        return {"d3_router_backends": router_backends, "d3_router_key_hashes": key_hashes}

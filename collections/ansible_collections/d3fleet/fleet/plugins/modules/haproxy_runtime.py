@@ -18,6 +18,15 @@ description:
     a V(DOWN) server may be either, so the command is sent to it). HAProxy answers an empty line when the command is
     taken; any other answer (V(No such server.), V(Permission denied)) fails the module, naming the router, the socket
     and the server. Check mode sends nothing and reports what would change.
+  - A server given back (V(ready)) goes through maintenance first, C(set server ... state maint) then C(state ready),
+    since HAProxy applies a server's C(slowstart) only when it was seen failed or leaves maintenance (doc/configuration.txt
+    "slowstart"; src/server.c), so a server back from DRAIN would take its whole share of new requests at once; from
+    MAINT its share grows over the C(slowstart) period (tests/contracts/haproxy/loopback-2.6.12-3.0.11.json).
+  - After it changed a server's state, it writes C(show servers state) (doc/management.txt) to O(state_file), the file
+    HAProxy's C(server-state-file) names, through a temporary file and a rename, so that a start after an unclean
+    stop (C(kill -9), a crash) or a reload that bypasses the service's own save applies the states as they are now,
+    never an older drain. When the state cannot be read it removes the file (an older state must not be applied) and
+    says so in C(state_saved) and a warning; the change itself stands.
   - With O(wait), polls C(show stat) every O(poll) seconds until the O(servers) have no current session left (sum of
     C(scur) 0, for V(drain)) or are all V(UP) (for V(ready)), and fails after O(timeout) seconds naming the servers
     that are not there yet. Check mode does not wait.
@@ -77,6 +86,13 @@ options:
     description: Seconds to wait for one connection's answer before failing (0.1-300).
     type: float
     default: 10.0
+  state_file:
+    description:
+      - Where to write C(show servers state) after a change (a plain absolute path); the d3_router role's
+        C(server-state-file) (its C(_d3_router_state_file), kept equal to this default by a unit test). Empty - not
+        written.
+    type: str
+    default: /var/lib/haproxy/server-state
 author: d3-fleet
 """
 
@@ -127,6 +143,12 @@ changed_servers:
   type: list
   elements: str
   returned: success
+state_saved:
+  description:
+    - After a change, O(state_file) when the servers' state was written there; empty when nothing changed, O(state_file)
+      is empty, or the state could not be read (the file was removed then).
+  type: str
+  returned: success
 state:
   description: O(state) (null when only reading).
   type: str
@@ -155,6 +177,8 @@ error:
   returned: failure
 """
 
+import contextlib
+import os
 import re
 import socket as sockets
 import time
@@ -181,6 +205,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "timeout": {"type": "int", "default": 60},
     "poll": {"type": "float", "default": 1.0},
     "connect_timeout": {"type": "float", "default": 10.0},
+    "state_file": {"type": "str", "default": "/var/lib/haproxy/server-state"},
 }
 
 
@@ -205,10 +230,15 @@ def ask(path: str, command: str, timeout: float) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+def plain(path: str) -> bool:
+    return bool(PLAIN_PATH.match(path)) and "/../" not in path + "/" and "/./" not in path + "/"
+
+
 def check_inputs(p: dict[str, Any], where: str) -> None:
     """Refuse, before anything is sent, a socket path, a server name or a wait that could not be meant."""
-    for what, path in (("stats socket", p["socket"]), ("master socket", p.get("master_socket") or "")):
-        if (path or what == "stats socket") and (not PLAIN_PATH.match(path) or "/../" in path + "/" or "/./" in path + "/"):
+    for what, path in (("stats socket", p["socket"]), ("master socket", p.get("master_socket") or ""),
+                       ("state file", p.get("state_file") or "")):
+        if (path or what == "stats socket") and not plain(path):
             raise Refusal(f"{where}: the {what} {path!r} is not a plain absolute path (/dir/name: letters, digits, "
                           ". _ - @ +; no .. or spaces).")  # fmt: skip
     for server in p["servers"]:
@@ -233,8 +263,29 @@ def read_stat(p: dict[str, Any], where: str) -> list[dict[str, Any]]:
         return parse_stat(text)
     except ValueError:
         shown = " ".join(text.split())[:200]
-        raise Refusal(f"{where}: the answer to `show stat` is not HAProxy's CSV: {shown!r}.",
-                      f"not show stat: {shown!r}") from None
+        raise Refusal(f"{where}: the answer to `show stat` is not HAProxy's CSV: {shown!r}.", f"not show stat: {shown!r}") from None
+
+
+def save_state(p: dict[str, Any]) -> str:
+    """``show servers state`` (its first line: the format version, 1) written to ``state_file`` through a temporary
+    file in the same directory and a rename; the file removed when the state cannot be read or written. Returns the
+    path written, or "" (nothing written, the file removed)."""
+    target = p["state_file"]
+    temporary = f"{target}.d3-new"
+    try:
+        text = ask(p["socket"], "show servers state", p["connect_timeout"])
+        if text.split("\n", 1)[0].strip() != "1":
+            raise ValueError(text[:100])
+        with open(temporary, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+        return target
+    except (OSError, ValueError):
+        for path in (temporary, target):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        return ""
 
 
 def every_worker(p: dict[str, Any], where: str, servers: list[dict[str, Any]]) -> dict[int, dict[tuple[str, str], int]]:
@@ -279,15 +330,20 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         raise Refusal(f"{where} does not know the servers {names}: nothing was set. Configure the routers first: "
                       "ansible-playbook site.yml -l d3-routers --tags router")  # fmt: skip
     todo = [server for server, row in zip(p["servers"], wanted, strict=True) if state and not in_state(row["status"], state)]
+    saved = ""
     if not check_mode:
         for server in todo:
-            command = set_command(server, state)
-            try:
-                answer = ask(p["socket"], command, p["connect_timeout"])
-            except OSError as exc:
-                raise Refusal(f"{where}: `{command}` failed: {exc}.") from None
-            if answer.strip():
-                raise Refusal(f"{where}: `{command}` was refused: {' '.join(answer.split())[:200]}")
+            # ready through maint: slowstart applies to a server leaving maintenance, not to one leaving DRAIN
+            for step in ("maint", "ready") if state == "ready" else (state,):
+                command = set_command(server, step)
+                try:
+                    answer = ask(p["socket"], command, p["connect_timeout"])
+                except OSError as exc:
+                    raise Refusal(f"{where}: `{command}` failed: {exc}.") from None
+                if answer.strip():
+                    raise Refusal(f"{where}: `{command}` was refused: {' '.join(answer.split())[:200]}")
+        if todo and p["state_file"]:
+            saved = save_state(p)
     waited = 0.0
     seen: dict[int, int] = {}
     if state and p["wait"] and not check_mode:
@@ -319,6 +375,7 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         "changed_servers": [f"{s['backend']}/{s['server']}" for s in todo],
         "waited_s": waited,
         "workers_seen": seen,
+        "state_saved": saved,
     }
 
 
@@ -330,6 +387,11 @@ def main() -> None:
         result = run(p, module.check_mode)
     except Refusal as exc:
         module.fail_json(msg=str(exc), error=exc.error, **ident)
+    if result["changed_servers"] and p["state_file"] and not result["state_saved"] and not module.check_mode:
+        module.warn(
+            f"{ident['router']}: `show servers state` could not be written to {p['state_file']}; it was removed, "
+            "so a start applies the configuration's states (every server ready) until the next change or reload."
+        )
     module.exit_json(**result, **ident)
 
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils.common import warnings as ansible_warnings
 from ansible.module_utils.testing import patch_module_args
 from fake_haproxy import CAPTURED, FakeHAProxy, FakeMaster
 
@@ -158,17 +157,23 @@ def test_nothing_changed_nothing_written(haproxy: FakeHAProxy, capsys: pytest.Ca
 
 @pytest.mark.parametrize("answer", ["Unknown command.\n", "", "2\n# a format this module does not know\n"])
 def test_a_state_that_cannot_be_read_removes_the_file_and_warns(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str],
-                                                                tmp_path: Path, answer: str) -> None:  # fmt: skip
+                                                                tmp_path: Path, answer: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """An older state must not be applied at the next start: the file goes, the change stands, a warning says so."""
     haproxy.servers_state = answer
-    ansible_warnings._global_warnings.clear()  # the module's warnings are process-wide: only this run's
+    warned: list[str] = []  # AnsibleModule.warn (where the warning goes depends on what else the process imported)
+    monkeypatch.setattr(haproxy_runtime.AnsibleModule, "warn", lambda _self, text: warned.append(text))
     target = tmp_path / "server-state"
     target.write_text("1\nDRAIN from an older state\n")
     out = run_main(capsys, socket=haproxy.path, router="r1", servers=[LITE2], state="drain", state_file=str(target))
     assert out["changed"] is True and out["state_saved"] == "" and not target.exists() and list(tmp_path.iterdir()) == []
-    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in out["warnings"]]  # ansible-core 2.19: structured
-    assert warnings == [f"r1: `show servers state` could not be written to {target}; it was removed, so a start "
-                               "applies the configuration's states (every server ready) until the next change or reload."]  # fmt: skip
+    assert warned == [f"r1: `show servers state` could not be written to {target}; it was removed, so a start "
+                      "applies the configuration's states (every server ready) until the next change or reload."]  # fmt: skip
+    # saved, or nothing changed: no warning
+    haproxy.servers_state = STATE
+    run_main(capsys, socket=haproxy.path, servers=[LITE3], state="drain", state_file=str(target))
+    run_main(capsys, socket=haproxy.path, servers=[LITE3], state="drain", state_file="")
+    assert len(warned) == 1 and target.read_text() == STATE
 
 
 def test_a_state_file_that_cannot_be_written_is_removed(haproxy: FakeHAProxy, tmp_path: Path) -> None:

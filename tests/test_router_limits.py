@@ -107,20 +107,21 @@ def test_the_router_s_own_answers_are_vllm_s_error_shapes() -> None:
 def test_key_hashes_are_the_sha256_of_each_key_sorted_once() -> None:
     keys = ["k" * 16, "second-key.with~all+/_chars-0==", "k" * 16, "x" * 512]
     out = key_hashes(keys)
-    assert out == {"hashes": sorted({hashlib.sha256(k.encode()).hexdigest() for k in keys}), "errors": []}
+    hashes = sorted({hashlib.sha256(k.encode()).hexdigest() for k in keys})
+    assert out == {"hashes": hashes, "file": f"{hashes[0]}\n{hashes[1]}\n{hashes[2]}\n", "errors": []} and len(hashes) == 3
     for empty in (None, "", []):
-        assert key_hashes(empty) == {"hashes": [], "errors": []}
+        assert key_hashes(empty) == {"hashes": [], "file": "", "errors": []}
 
 
 @pytest.mark.parametrize("bad", ["k" * 15, "x" * 513, "has space 0123456789", "tab\tin-the-key-0123", "é" * 16, "k=" + "k" * 16,
                                  "k" * 16 + "\n", 12345678901234567, None])  # fmt: skip
 def test_a_key_that_is_no_bearer_token_is_refused_by_position_never_shown(bad: Any) -> None:
     out = key_hashes(["good-key-0123456789", bad])
-    assert out["hashes"] == [hashlib.sha256(b"good-key-0123456789").hexdigest()]
+    assert out["hashes"] == [hashlib.sha256(b"good-key-0123456789").hexdigest()] and out["file"] == out["hashes"][0] + "\n"
     assert out["errors"] == ["d3_router_api_keys[1] is not a key the router can check: want 16-512 characters of letters, "
                              "digits and . _ ~ + / - (a Bearer token). Fix the inventory (Ansible Vault)."]  # fmt: skip
 
 
 def test_keys_that_are_not_a_list_are_refused() -> None:
-    assert key_hashes("one-key-0123456789") == {"hashes": [], "errors": [
+    assert key_hashes("one-key-0123456789") == {"hashes": [], "file": "", "errors": [
         "d3_router_api_keys is not a list of keys. Fix the inventory (Ansible Vault)."]}  # fmt: skip

@@ -342,7 +342,15 @@ class Run:
         ]
 
     def failure_text(self, host: str | None = None) -> str:
-        return "\n".join(json.dumps(f.get("res", {}).get("msg", f.get("res"))) for f in self.failures(host))
+        """Each failed task's message, with the command's stderr when it has one (a template's `validate`, a
+        command: "failed to validate" alone says nothing of why)."""
+        lines = []
+        for f in self.failures(host):
+            res = f.get("res", {})
+            stderr = str(res.get("stderr") or "").strip()
+            lines.append(json.dumps(res.get("msg", res))
+                         + (f"\n  stderr: {stderr[-2000:]}" if stderr else ""))  # fmt: skip
+        return "\n".join(lines)
 
     def tasks_run(self, host: str) -> list[str]:
         """Names of tasks that ran (ok, changed or failed, not skipped) on the host."""

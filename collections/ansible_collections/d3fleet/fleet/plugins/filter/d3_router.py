@@ -434,13 +434,13 @@ def limits(models: list[dict[str, Any]], max_request_kib: int, maxconn: int = 0)
 
 
 def key_hashes(keys: Any) -> dict[str, Any]:
-    """d3_router_api_keys (a list of keys, from Ansible Vault) -> ``{hashes, errors}``: the SHA-256 (hex) of each key,
-    what the router's configuration compares a client's Bearer token against; an error names the key by its position
-    only, never its text."""
+    """d3_router_api_keys (a list of keys, from Ansible Vault) -> ``{hashes, file, errors}``: the SHA-256 (hex) of each
+    key, what the router's configuration compares a client's Bearer token against, and the file HAProxy reads them from
+    (one a line); an error names the key by its position only, never its text."""
     if keys is None or keys == "" or keys == []:
-        return {"hashes": [], "errors": []}
+        return {"hashes": [], "file": "", "errors": []}
     if not isinstance(keys, list):
-        return {"hashes": [], "errors": ["d3_router_api_keys is not a list of keys. Fix the inventory (Ansible Vault)."]}
+        return {"hashes": [], "file": "", "errors": ["d3_router_api_keys is not a list of keys. Fix the inventory (Ansible Vault)."]}
     hashes, errors = [], []
     for position, key in enumerate(keys):
         if not isinstance(key, str) or not API_KEY.match(key):
@@ -448,7 +448,8 @@ def key_hashes(keys: Any) -> dict[str, Any]:
                           "letters, digits and . _ ~ + / - (a Bearer token). Fix the inventory (Ansible Vault).")  # fmt: skip
         else:
             hashes.append(hashlib.sha256(key.encode()).hexdigest())
-    return {"hashes": sorted(set(hashes)), "errors": errors}
+    unique = sorted(set(hashes))
+    return {"hashes": unique, "file": "".join(f"{h}\n" for h in unique), "errors": errors}
 
 
 class FilterModule:

@@ -299,7 +299,10 @@ def test_a_a_same_build_benched_five_times_every_pair_compared(converge_run: lab
     print(f"\nA/A on {url}: 5 benches x 5 runs, {len(pairs)} pairs, {tests} tests: {len(flagged)} figures flagged "
           f"{flagged}; comparisons with any CHANGED {compared}/{len(pairs)} (stated: at most 5 % each, Holm family-wise); "
           f"{time.monotonic() - start:.1f} s")
-    assert compared <= 1, flagged
+    # At the stated 5 % per comparison, 2 or more of 10 comparisons flag by chance alone about 9 % of the time
+    # (binomial, independent pairs), 4 or more about 0.1 %: the bound a working comparison passes in CI, and one a
+    # comparison that judges noise as change (the per-sample intervals this issue replaced flagged most pairs) fails.
+    assert compared <= 3, flagged
 
 
 def stand_in(scale: float) -> tuple[Any, str]:
@@ -338,35 +341,48 @@ def test_seeded_accuracy_regression_and_ten_percent_latency_flagged_with_five_ru
     """Old: the stand-in as is. New: 10 % slower (D3_SIM_LATENCY_SCALE 1.1) and answering a known set of cases the
     other way round (D3_SIM_FLIP_STATES, a labelled STAND-IN setting: the cases the old run answered best, so their
     right answers turn wrong). 5 runs a side, interleaved. bench-compare flags the latency, and the accuracy with
-    exactly the seeded flips listed."""
+    exactly the seeded flips listed. A 10 % shift at k = 5 is flagged in about 94 % of synthetic tries (docs/bench.md):
+    a miss is measured again once (about 0.4 % then), so the test says the method has the power it claims, not that
+    one draw on a shared machine always lands."""
     start = time.monotonic()
     suite = yaml.safe_load(SUITE.read_text())
+    attempt = 1
+    result, words, old, new = seeded_comparison(suite)
+    if not result["rows"][0]["latency"]["q4"]["changed"]:
+        attempt = 2
+        result, words, old, new = seeded_comparison(suite)
+    (row,) = result["rows"]
+    acc = row["accuracy"]
+    _, must = seed_words(bench_filter.score_cases(old["cases"], suite), suite)
+    seeded = {str(c["id"]) for c in suite["cases"] if any(w in str(c["state"]["ticket"]) for w in words)}
+    print(f"\nseeded cases {sorted(seeded)}: right->wrong {acc['right_to_wrong']}, wrong->right {acc['wrong_to_right']}, "
+          f"exact McNemar p {acc['p']:.4f}, adjusted {acc['adjusted_p']:.4f} ({result['method']}, {result['tests']} tests); "
+          f"q4 x{row['latency']['q4']['ratio']:.3f} {[round(x, 3) for x in row['latency']['q4']['interval']]} adjusted p "
+          f"{row['latency']['q4']['adjusted_p']:.2g} (attempt {attempt}); run medians "
+          f"{[r['p50'] for r in old['latency']['q4']['runs']]} -> {[r['p50'] for r in new['latency']['q4']['runs']]}; "
+          f"{time.monotonic() - start:.1f} s")
+    assert must <= set(acc["right_to_wrong"]) and {f.split("/")[0] for f in acc["right_to_wrong"] + acc["wrong_to_right"]} <= seeded
+    assert acc["changed"], acc
+    d = row["latency"]["q4"]
+    assert d["runs"] == [5, 5] and d["changed"] and d["interval"][0] > 1.0, d
+
+
+def seeded_comparison(suite: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, Any], dict[str, Any]]:
+    """One old/new pair of benches (5 interleaved runs a side) and bench-compare's result: (result, words, old, new)."""
     (old_srv, old_url), (new_srv, new_url) = stand_in(1.0), stand_in(1.1)
     try:
         p = params(samples=5)
         q4 = [r for r in p["latency_requests"] if r["label"] == "q4"]  # the 4-question request only: 5 x 2 x 5 x 0.2 s
         old, new = interleaved_benches([old_url, new_url], 5, {**p, "cases": [], "latency_requests": q4})
         old["cases"] = interleaved_benches([old_url], 0, p)[0]["cases"]
-        words, must = seed_words(bench_filter.score_cases(old["cases"], suite), suite)
+        words, _ = seed_words(bench_filter.score_cases(old["cases"], suite), suite)
         with pytest.MonkeyPatch.context() as env:
             env.setenv("D3_SIM_FLIP_STATES", ",".join(words))
             new["cases"] = interleaved_benches([new_url], 0, p)[0]["cases"]
     finally:
         old_srv.shutdown()
         new_srv.shutdown()
-    result = tool().compare(as_report([old], "old"), as_report([new], "new"))
-    (row,) = result["rows"]
-    acc = row["accuracy"]
-    seeded = {str(c["id"]) for c in suite["cases"] if any(w in str(c["state"]["ticket"]) for w in words)}
-    print(f"\nseeded cases {sorted(seeded)}: right->wrong {acc['right_to_wrong']}, wrong->right {acc['wrong_to_right']}, "
-          f"exact McNemar p {acc['p']:.4f}, adjusted {acc['adjusted_p']:.4f} ({result['method']}, {result['tests']} tests); "
-          f"q4 x{row['latency']['q4']['ratio']:.3f} {[round(x, 3) for x in row['latency']['q4']['interval']]} adjusted p "
-          f"{row['latency']['q4']['adjusted_p']:.2g}; run medians {[r['p50'] for r in old['latency']['q4']['runs']]} -> "
-          f"{[r['p50'] for r in new['latency']['q4']['runs']]}; {time.monotonic() - start:.1f} s")
-    assert must <= set(acc["right_to_wrong"]) and {f.split("/")[0] for f in acc["right_to_wrong"] + acc["wrong_to_right"]} <= seeded
-    assert acc["changed"], acc
-    d = row["latency"]["q4"]
-    assert d["runs"] == [5, 5] and d["changed"] and d["interval"][0] > 1.0, d
+    return tool().compare(as_report([old], "old"), as_report([new], "new")), words, old, new
 
 
 def test_open_loop_beyond_the_generator_limit_is_reported_and_timed_from_the_schedule(converge_run: labkit.Run) -> None:

@@ -19,27 +19,17 @@ CAPTURED = [line for line in (ROOT / "tests/contracts/haproxy/show-stat.csv").re
             if line.strip() and not line.startswith("#!")]  # fmt: skip
 
 
-class FakeHAProxy:
-    """HAProxy's stats socket, non-interactive: reads one line, answers, closes. ``show stat`` prints the captured CSV
-    with each server's current status and scur; ``set server B/S state X`` changes the status (DRAIN, UP, MAINT) and
-    answers an empty line, or ``No such server.``; ``refuse`` makes every set answer that text. ``scur`` and
-    ``status`` may hold a list per server: one value per ``show stat``, the last one repeated."""
+class OneLineSocket:
+    """A UNIX socket server in a thread that talks as HAProxy's CLIs do in non-interactive mode (management.txt 9.3 and
+    9.4): it reads one command line, records it, sends ``answer(command)`` and closes the connection."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.commands: list[str] = []
-        self.rows = [line.split(",") for line in CAPTURED[1:]]
-        self.scur: dict[tuple[str, str], list[int]] = {}
-        self.status: dict[tuple[str, str], list[str]] = {}
-        self.after_set: dict[tuple[str, str], list[str]] = {}  # the statuses a set server leads to (health checks)
-        self.refuse = ""
-        self.answer_stat: str | None = None
-        self.servers_state = "Unknown command.\n"  # the answer to `show servers state` (management.txt 9.3)
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(path)
         self.server.listen(8)
         self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
 
     def serve(self) -> None:
         while True:
@@ -57,6 +47,30 @@ class FakeHAProxy:
                 command = data.decode().rstrip("\n")
                 self.commands.append(command)
                 conn.sendall(self.answer(command).encode())
+
+    def answer(self, command: str) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class FakeHAProxy(OneLineSocket):
+    """HAProxy's stats socket, non-interactive: reads one line, answers, closes. ``show stat`` prints the captured CSV
+    with each server's current status and scur; ``set server B/S state X`` changes the status (DRAIN, UP, MAINT) and
+    answers an empty line, or ``No such server.``; ``refuse`` makes every set answer that text. ``scur`` and
+    ``status`` may hold a list per server: one value per ``show stat``, the last one repeated."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.rows = [line.split(",") for line in CAPTURED[1:]]
+        self.scur: dict[tuple[str, str], list[int]] = {}
+        self.status: dict[tuple[str, str], list[str]] = {}
+        self.after_set: dict[tuple[str, str], list[str]] = {}  # the statuses a set server leads to (health checks)
+        self.refuse = ""
+        self.answer_stat: str | None = None
+        self.servers_state = "Unknown command.\n"  # the answer to `show servers state` (management.txt 9.3)
+        self.thread.start()
 
     def next_value(self, table: dict[tuple[str, str], list[Any]], key: tuple[str, str]) -> Any:
         values = table.get(key)
@@ -94,9 +108,6 @@ class FakeHAProxy:
             return "No such server.\n\n"
         return "Unknown command. Please enter one of the following commands only :\n  help\n\n"
 
-    def close(self) -> None:
-        self.server.close()
-
     @classmethod
     @contextmanager
     def started(cls) -> Iterator[FakeHAProxy]:
@@ -110,7 +121,7 @@ class FakeHAProxy:
             shutil.rmtree(directory)
 
 
-class FakeMaster:
+class FakeMaster(OneLineSocket):
     """HAProxy's master CLI (doc/management.txt, "9.4. Master CLI"), non-interactive: ``show proc`` lists the master
     and the workers of the next snapshot (the first current, the others old ones still finishing), in the layout of
     tests/contracts/haproxy/master-cli.yml; ``@!<pid> show stat`` answers that worker's ``show stat`` (the captured
@@ -118,32 +129,11 @@ class FakeMaster:
     snapshot is {pid: {(backend, server): scur}}; the last one is repeated."""
 
     def __init__(self, path: str, snapshots: list[dict[int, dict[tuple[str, str], int]]]) -> None:
-        self.path = path
+        super().__init__(path)
         self.snapshots = list(snapshots)
         self.current: dict[int, dict[tuple[str, str], int]] = {}
-        self.commands: list[str] = []
         self.answer_proc: str | None = None
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(path)
-        self.server.listen(8)
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                command = data.decode().rstrip("\n")
-                self.commands.append(command)
-                conn.sendall(self.answer(command).encode())
+        self.thread.start()
 
     def answer(self, command: str) -> str:
         if command == "show proc":
@@ -178,5 +168,5 @@ class FakeMaster:
         try:
             yield fake
         finally:
-            fake.server.close()
+            fake.close()
             shutil.rmtree(directory)

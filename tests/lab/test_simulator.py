@@ -670,6 +670,12 @@ def test_memory_held_while_running_and_freed_when_the_process_dies(simr: Sim, st
 
 
 @lab
+# KNOWN BUG, found by the clean-clone run of 2026-12-02 (never run on the lab before it landed): the simulator takes the
+# free memory it compares with the requested share from nvidia-smi (23,034 MiB in all) while the share is now of
+# vLLM's total (22,560 MiB, torch.cuda.mem_get_info), so a second 0.5 share finds 11,320 MiB free for 11,280
+# requested and starts where vLLM refuses it. Strict: the test fails the suite again once the simulator is fixed.
+@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired,
+                   reason="simulator: free memory from nvidia-smi's total, share from vLLM's (issue 33 follow-up)")
 def test_shares_summing_to_one_cannot_both_start(simr: Sim, standin: Path) -> None:
     port = free_port()
     first = simr.start([*LITE, "--gpu-memory-utilization", "0.5"], port, standin=standin)

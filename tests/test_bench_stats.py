@@ -4,7 +4,9 @@ against the contract (tests/contracts/metrics/names.yml, from vLLM's loggers.py)
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 import sys
 from pathlib import Path
 
@@ -111,14 +113,138 @@ def test_sign_flip_against_scipy() -> None:
     assert st.sign_flip_p([0.1, -0.05, 0.2, 0.3, 0.15, 0.25, 0, 0]) == pytest.approx(0.0625)
     assert st.sign_flip_p([0.1, -0.05, 0.2, -0.3, 0.15, 0.25, 0.01, -0.02]) == pytest.approx(0.53125)
     assert st.sign_flip_p([0.0, 0.0]) == 1.0 and st.sign_flip_p([]) == 1.0
+    assert st.sign_flip_test([]) == {"p": 1.0, "exact": True, "max_error": 0.0}
     assert st.sign_flip_p([1.0] * 5) == pytest.approx(2 / 32)
-    assert st.sign_flip_p([1.0] * 16) == 2 / 65536  # exact up to 16 non-zero pairs
-    assert st.sign_flip_p([1.0] * 17) == pytest.approx(math.erfc(math.sqrt(17) / math.sqrt(2)))  # then the normal
+    assert st.sign_flip_p([1.0] * 16) == 2 / 65536
     assert st.sign_flip_p([1.0] * 3, exact_up_to=2) == pytest.approx(math.erfc(math.sqrt(3) / math.sqrt(2)))
     assert st.sign_flip_p([3.0, 1.0, -1.0]) == pytest.approx(6 / 8)  # |sum| >= 3 in 6 of the 8 assignments
-    # beyond the exact limit: the normal approximation, z = 20 / sqrt(20) for twenty +1s
-    assert st.sign_flip_p([1.0] * 20) == pytest.approx(math.erfc(math.sqrt(20) / math.sqrt(2)))
     assert st.sign_flip_p([1.0, -1.0] * 10) == pytest.approx(1.0)
+
+
+def test_sign_flip_is_exact_up_to_32_pairs() -> None:
+    """Equal magnitudes make the sign-flip test the two-sided sign test, an exact binomial: 22 of 30 differences
+    positive gives 2 x sum_{i<=8} C(30, i) / 2^30 = 0.016125 (scipy.stats.binomtest(22, 30).pvalue); the normal
+    approximation the test used above 16 pairs gave 0.0106 there."""
+    exact = 2 * sum(math.comb(30, i) for i in range(9)) / 2**30
+    d = [0.25] * 22 + [-0.25] * 8
+    assert st.sign_flip_test(d) == {"p": pytest.approx(exact, rel=1e-12), "exact": True, "max_error": 0.0}
+    assert round(exact, 6) == 0.016125
+    assert st.sign_flip_p([1.0] * 20) == 2 / 2**20 and st.sign_flip_p([1.0] * 32) == 2 / 2**32
+    # unequal magnitudes, an odd count (halves of 6 and 7): every one of the 2^13 assignments counted directly
+    rng = random.Random(7)
+    for _ in range(3):
+        d = [round(rng.uniform(-1.0, 1.5), 3) for _ in range(13)]
+        obs = abs(sum(d)) - 1e-9
+        brute = sum(abs(sum(s * x for s, x in zip(signs, d, strict=True))) >= obs
+                    for signs in itertools.product((1, -1), repeat=13)) / 2**13
+        assert st.sign_flip_p(d) == brute, d
+    # a tie with the observed sum counts (float noise: 0.1 + 0.2 != 0.3)
+    assert st.sign_flip_p([0.1, 0.2, -0.3, 0.4]) == st.sign_flip_p([1.0, 2.0, -3.0, 4.0]) == 10 / 16
+    assert st.sign_flip_p([0.1, 0.2, -0.3]) == 1.0 and st.sign_flip_test([1.0, -1.0]) == {"p": 1.0, "exact": True,
+                                                                                          "max_error": 0.0}
+
+
+def test_sign_flip_beyond_32_pairs_states_the_normal_approximation_and_its_error() -> None:
+    # 33 equal differences: p from the normal, the error bounded by twice Berry-Esseen's C x sum|d|^3 / (sum d^2)^1.5
+    # with Shevtsova's (2010) C = 0.56: 2 x 0.56 x 33 / 33^1.5 = 0.19497 (loose for a lattice: honest, not small)
+    out = st.sign_flip_test([2.0] * 33)
+    assert out["exact"] is False and out["p"] == pytest.approx(math.erfc(math.sqrt(33) / math.sqrt(2)))
+    assert out["max_error"] == pytest.approx(2 * 0.56 / math.sqrt(33))
+    spread = st.sign_flip_test([1.0, -1.0] * 50 + [1.0])  # many pairs: the bound shrinks like 1 / sqrt(m)
+    assert spread["p"] == pytest.approx(math.erfc(1 / math.sqrt(101) / math.sqrt(2)))
+    assert spread["max_error"] == pytest.approx(2 * 0.56 / math.sqrt(101))
+    assert st.sign_flip_test([100.0] + [0.01] * 40)["max_error"] == 1.0  # one dominant pair: no bound at all
+
+
+def test_t_power_against_r_power_t_test() -> None:
+    """R's stats::power.t.test help page: power.t.test(n = 20, delta = 1) has power 0.8689528; power.t.test(power =
+    .90, delta = 1) needs n = 22.02110 (two samples, sd 1, alpha 0.05, the noncentral t)."""
+    assert st.t_power(1 / math.sqrt(2 / 20), 38, 0.05) == pytest.approx(0.8689528, abs=1e-6)
+    assert st.t_power(1 / math.sqrt(2 / 22.02110), 2 * 21.02110, 0.05) == pytest.approx(0.90, abs=1e-6)
+    assert st.t_power(0.0, 8, 0.05) == pytest.approx(0.05, abs=1e-9)  # no shift: the level itself
+    # Cohen (1988), Statistical Power Analysis, table 2.4.1 (alpha 0.05 two-sided, power 0.80): d = 0.8 needs n = 26
+    # a group, d = 0.5 needs 64: one fewer falls short
+    for d, n in ((0.8, 26), (0.5, 64)):
+        assert st.detectable_shift(2 * n - 2) * math.sqrt(2 / n) <= d < st.detectable_shift(2 * n - 4) * math.sqrt(2 / (n - 1))
+    assert st.detectable_shift(8) * math.sqrt(2 / 5) == pytest.approx(2.024439, abs=1e-5)  # power.t.test(n = 5, power = .8)
+    for bad in (0.5, 1.0):
+        with pytest.raises(ValueError, match=r"^power .* is not within \(0.5, 1\)$"):
+            st.detectable_shift(8, power=bad)
+
+
+def test_detectable_ratio_from_the_measured_spread() -> None:
+    # run medians whose logarithms have sd s on each side: the ratio is exp(shift(df) x s x sqrt(2 / k))
+    def runs(s: float, k: int) -> list[float]:
+        z = [(i - (k - 1) / 2) for i in range(k)]
+        sd = math.sqrt(sum(x * x for x in z) / (k - 1))
+        return [100.0 * math.exp(s * x / sd) for x in z]
+
+    for s, k, alpha in ((0.02, 5, 0.05), (0.02, 5, 0.05 / 40), (0.05, 3, 0.05)):
+        want = math.exp(st.detectable_shift(2 * k - 2, alpha) * s * math.sqrt(2 / k))
+        assert st.detectable_ratio(runs(s, k), runs(s, k), alpha) == pytest.approx(want, rel=1e-9), (s, k, alpha)
+    # docs/bench.md's figures: k = 5, 2 % spread: 1.041 alone, 1.079 in a family of 40 (alpha 0.05 / 40)
+    assert round(st.detectable_ratio(runs(0.02, 5), runs(0.02, 5)), 3) == 1.041
+    assert round(st.detectable_ratio(runs(0.02, 5), runs(0.02, 5), 0.05 / 40), 3) == 1.079
+    assert st.detectable_ratio([100.0] * 3, [110.0] * 3) == 1.0  # no spread: any change is told apart
+    assert st.detectable_ratio([100.0], [1.0, 2.0]) is None and st.detectable_ratio([1.0, None, 0.0], [1.0, 2.0]) is None
+    assert st.detectable_ratio(runs(0.02, 5), runs(0.02, 5), power=0.9) > st.detectable_ratio(runs(0.02, 5), runs(0.02, 5))
+
+
+def test_run_interval_against_scipy() -> None:
+    # scipy.stats.t.interval(0.95, 4, loc=3, scale=stdev([1..5]) / sqrt(5)): (1.0367568385224393, 4.963243161477561)
+    assert st.run_interval([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx([1.0367568385224393, 4.963243161477561])
+    assert st.run_interval([2.0, None, 2.0]) == [2.0, 2.0] and st.run_interval([3.0]) is None and st.run_interval([]) is None
+    assert st.run_interval([1.0, 2.0, 3.0, 4.0, 5.0], alpha=0.5)[1] < 4.0
+
+
+def ar1_runs(rng: random.Random, k: int, n: int, rho: float) -> list[list[float]]:
+    """k runs of n latencies 100 + 10 x, x a stationary AR(1) with N(0, 1) margins: the median is exactly 100 ms."""
+    out = []
+    for _ in range(k):
+        x, run = rng.gauss(0.0, 1.0), []
+        for _ in range(n):
+            run.append(100.0 + 10.0 * x)
+            x = rho * x + math.sqrt(1.0 - rho * rho) * rng.gauss(0.0, 1.0)
+        out.append(run)
+    return out
+
+
+def test_run_level_interval_covers_the_median_of_autocorrelated_latencies() -> None:
+    """400 seeded trials of the latency pass's shape (k = 5 runs of n = 20 samples, AR(1) with rho 0.5, true median
+    100 ms): the t interval over the 5 run medians covers 100 in >= 90 % of them (nominal 95 %; measured 97 %, its
+    binomial sd about 1.1 %, so 90 % is 6 sd below it); the order-statistic interval of the 100 pooled samples, which
+    assumes independent samples, covers it in about 83 % (the review's 0.81-0.83) - under 90 %."""
+    rng, trials = random.Random(2), 400
+    runs_hit = pooled_hit = 0
+    for _ in range(trials):
+        runs = ar1_runs(rng, 5, 20, 0.5)
+        lo, hi = st.run_interval([st.percentile(r, 50) for r in runs])
+        runs_hit += lo <= 100.0 <= hi
+        lo, hi = st.percentile_interval([x for r in runs for x in r], 50)
+        pooled_hit += lo <= 100.0 <= hi
+    print(f"coverage of 100 ms over {trials} trials: run-level {runs_hit / trials:.3f}, pooled {pooled_hit / trials:.3f}")
+    assert runs_hit / trials >= 0.90 and pooled_hit / trials < 0.90
+
+
+def test_censored_latencies_make_lower_bounds() -> None:
+    """Three requests never sent (each censored at 500 ms: at least that long from its intended time to the window's
+    end) beside 100 observed latencies 1..100 ms: n = 103; p50 (ranks 51-52 of 103) and p95 (97.9 between 97 and 98)
+    do not reach them, p99 (between ranks 101 and 102) does: '>= 500'; the mean and the max are lower bounds too."""
+    obs = [float(x) for x in range(1, 101)]
+    out = st.summary(obs, censored=[500.0] * 3)
+    assert (out["n"], out["censored"], out["p50"], out["p95"], out["p99"]) == (103, 3, 52.0, 97.9, 500.0)
+    assert out["lower_bound"] == ["mean", "p99", "max"] and out["mean"] == round((5050 + 1500) / 103, 1)
+    assert out["interval"] == {"p50": [42.0, 62.0], "p95": [93.0, None], "p99": None}  # its upper rank is censored
+    # without the censored requests the tail is biased low: p99 99 ms instead of at least 500
+    assert st.summary(obs)["p99"] == 99.0 and "censored" not in st.summary(obs)
+    none = st.summary(obs, censored=[])
+    assert none["censored"] == 0 and none["lower_bound"] == [] and none["p99"] == 99.0
+    # a bound below every observed latency: the minimum is only a lower bound as well
+    low = st.summary([10.0, 20.0], censored=[5.0])
+    assert low["lower_bound"] == ["mean", "min", "p50", "p95", "p99", "max"] and low["min"] == 5.0
+    # an interpolation weight of 0 on a censored neighbour: the figure is exact (n = 11, p50 is rank 6 exactly)
+    exact = st.summary([float(x) for x in range(1, 11)], censored=[1000.0])
+    assert exact["p50"] == 6.0 and "p50" not in exact["lower_bound"] and exact["interval"]["p50"] == [2.0, 10.0]
 
 
 def test_wilson_interval_worked_values() -> None:

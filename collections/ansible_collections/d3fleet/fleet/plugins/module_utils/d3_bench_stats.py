@@ -102,25 +102,48 @@ def percentile_interval(values: list[float], q: float, alpha: float = ALPHA) -> 
     return [ordered[ranks[0] - 1], ordered[ranks[1] - 1]]
 
 
-def summary(values: list[float], digits: int = 1) -> dict[str, Any]:
+UNBOUNDED = 1e300  # a censored latency's stand-in above any bound (finite: 0 x it is 0 in an interpolation)
+
+
+def summary(values: list[float], digits: int = 1, censored: list[float] | None = None) -> dict[str, Any]:
     """n, mean, min, p50, p95, p99, max of latencies in ms (None when there are none), rounded to `digits`;
     `interval`: per percentile its distribution-free 95 % interval (order statistics) or None, and `unsupported`: the
-    percentiles n is too small for (min_n: p50 6, p95 72, p99 368), e.g. ["p95", "p99"] for n = 20."""
+    percentiles n is too small for (min_n: p50 6, p95 72, p99 368), e.g. ["p95", "p99"] for n = 20.
+
+    `censored` (given only for the open loop's latency from the schedule): the lower bounds of latencies never
+    observed - a request the generator never sent waited at least from its intended time to the window's end.
+    They are part of the sample (n counts them, as `censored`); each figure is computed with every censored latency
+    at its lower bound, and a figure that would change if they were larger (a percentile whose interpolation reaches
+    a censored latency, the mean, the max) is a lower bound, listed in `lower_bound` (the table prints ">= X"). An
+    interval's lower end is then a lower bound too, and its upper end null when it is a censored latency (unbounded)."""
 
     def rnd(x: float | None) -> float | None:
         return None if x is None else round(x, digits)
 
-    n = len(values)
-    intervals = {f"p{q}": percentile_interval(values, q) for q in PERCENTILES}
-    return {
-        "n": n,
-        "mean": rnd(sum(values) / n) if n else None,
-        "min": rnd(min(values)) if n else None,
-        **{f"p{q}": rnd(percentile(values, q)) for q in PERCENTILES},
-        "max": rnd(max(values)) if n else None,
-        "interval": {k: None if v is None else [rnd(v[0]), rnd(v[1])] for k, v in intervals.items()},
-        "unsupported": [k for k, v in intervals.items() if v is None],
-    }
+    if censored is None:
+        n = len(values)
+        intervals = {f"p{q}": percentile_interval(values, q) for q in PERCENTILES}
+        return {
+            "n": n,
+            "mean": rnd(sum(values) / n) if n else None,
+            "min": rnd(min(values)) if n else None,
+            **{f"p{q}": rnd(percentile(values, q)) for q in PERCENTILES},
+            "max": rnd(max(values)) if n else None,
+            "interval": {k: None if v is None else [rnd(v[0]), rnd(v[1])] for k, v in intervals.items()},
+            "unsupported": [k for k, v in intervals.items() if v is None],
+        }
+    low = [float(v) for v in values] + [float(c) for c in censored]  # every censored latency at its lower bound
+    high = [float(v) for v in values] + [UNBOUNDED] * len(censored)  # ... and beyond any bound
+    out = summary(low, digits)
+    out["censored"] = len(censored)
+    changes = {"min": min(low, default=None) != min(high, default=None), "mean": bool(censored), "max": bool(censored),
+               **{f"p{q}": percentile(low, q) != percentile(high, q) for q in PERCENTILES}}
+    out["lower_bound"] = [k for k in ("mean", "min", *(f"p{q}" for q in PERCENTILES), "max") if changes[k]]
+    for key in out["interval"]:
+        if out["interval"][key] is not None:
+            top = percentile_interval(high, float(key[1:]))[1]
+            out["interval"][key][1] = None if top >= UNBOUNDED else rnd(top)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- comparing two runs
@@ -135,23 +158,52 @@ def mcnemar_exact(right_to_wrong: int, wrong_to_right: int) -> float:
     return min(1.0, 2.0 * binom_cdf(min(b, c), b + c, 0.5))  # no flip: binom_cdf(0, 0) = 1, p = 1
 
 
-def sign_flip_p(diffs: list[float], exact_up_to: int = 16) -> float:
+BERRY_ESSEEN_C = 0.56  # Shevtsova (2010): the Berry-Esseen constant for independent, not identically distributed terms
+
+
+def _all_sums(values: list[float]) -> list[float]:
+    """The 2^m sums of +-values (every sign assignment)."""
+    sums = [0.0]
+    for v in values:
+        sums = [s + v for s in sums] + [s - v for s in sums]
+    return sums
+
+
+def sign_flip_test(diffs: list[float], exact_up_to: int = 32) -> dict[str, Any]:
     """Two-sided paired permutation test (R. A. Fisher's sign-flip test, The Design of Experiments 1935, 21) of the
-    mean of paired differences: the share of the 2^m sign assignments of the m non-zero differences whose |sum| is at
-    least the observed one (exact up to `exact_up_to` non-zero pairs; beyond it the normal approximation of the
-    sign-flip distribution, variance sum(d^2)). 1 when every difference is 0."""
+    mean of paired differences: {p, exact, max_error}. p is the share of the 2^m sign assignments of the m non-zero
+    differences whose |sum| is at least the observed one. Up to `exact_up_to` (32) non-zero pairs it is counted
+    exactly, by meeting in the middle (the 2^(m/2) sums of each half, one half sorted, each sum of the other half
+    looked up by bisection: 2 x 65,536 sums at m = 32). Beyond it, the normal approximation of the sign-flip
+    distribution (mean 0, variance sum(d^2)), and `max_error` bounds its error: twice the Berry-Esseen bound
+    C x sum|d|^3 / (sum d^2)^(3/2), C = 0.56 (I. G. Shevtsova, "An improvement of convergence rate estimates in the
+    Lyapunov theorem", Doklady Mathematics 82 (2010) 862-864), capped at 1. With equal |d| the test is the exact
+    two-sided sign (binomial) test. p is 1 when every difference is 0."""
+    import bisect
+
     nz = [float(d) for d in diffs if d != 0]
     if not nz:
-        return 1.0
-    observed = abs(sum(nz)) - 1e-12
+        return {"p": 1.0, "exact": True, "max_error": 0.0}
+    total = sum(nz)
+    observed = abs(total) - 1e-9 * sum(abs(d) for d in nz)  # float noise: a tie counts as at least as extreme
+    if observed <= 0.0:
+        return {"p": 1.0, "exact": True, "max_error": 0.0}  # a sum of 0: every assignment is at least as far from 0
     if len(nz) <= exact_up_to:
+        half = len(nz) // 2
+        left, right = _all_sums(nz[:half]), sorted(_all_sums(nz[half:]))
         hits = 0
-        for mask in range(1 << len(nz)):
-            total = sum(-d if mask >> i & 1 else d for i, d in enumerate(nz))
-            hits += abs(total) >= observed
-        return hits / (1 << len(nz))
-    z = abs(sum(nz)) / math.sqrt(sum(d * d for d in nz))
-    return math.erfc(z / math.sqrt(2.0))
+        for a in left:  # a + b >= observed, or a + b <= -observed (observed > 0: never both)
+            hits += len(right) - bisect.bisect_left(right, observed - a) + bisect.bisect_right(right, -observed - a)
+        return {"p": hits / (len(left) * len(right)), "exact": True, "max_error": 0.0}
+    var = sum(d * d for d in nz)
+    bound = BERRY_ESSEEN_C * sum(abs(d) ** 3 for d in nz) / var ** 1.5
+    return {"p": math.erfc(abs(total) / math.sqrt(var) / math.sqrt(2.0)), "exact": False,
+            "max_error": min(1.0, 2.0 * bound)}
+
+
+def sign_flip_p(diffs: list[float], exact_up_to: int = 32) -> float:
+    """sign_flip_test's p-value."""
+    return sign_flip_test(diffs, exact_up_to)["p"]
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -224,6 +276,79 @@ def welch(old: list[float], new: list[float], alpha: float = ALPHA) -> dict[str,
     df = (v1 + v2) ** 2 / (v1 * v1 / (len(old) - 1) + v2 * v2 / (len(new) - 1))
     half = t_quantile(1.0 - alpha / 2.0, df) * se
     return {"diff": diff, "interval": [diff - half, diff + half], "p": min(1.0, t_sf2(diff / se, df)), "df": df}
+
+
+def _phi(x: float) -> float:
+    """The standard normal distribution function."""
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def t_power(shift: float, df: float, alpha: float) -> float:
+    """The power of the two-sided level-alpha t test with df degrees of freedom against a true shift of `shift`
+    standard errors: P(|T'| > t_(1-alpha/2)) for T' = (Z + shift) / sqrt(V / df), V ~ chi-square(df) (the noncentral
+    t), integrated over the chi distribution of sqrt(V) by Simpson's rule (400 intervals on [0, sqrt(df) + 12])."""
+    c = t_quantile(1.0 - alpha / 2.0, df)
+    top, steps = math.sqrt(df) + 12.0, 400
+    h = top / steps
+    log_norm = (df / 2.0 - 1.0) * math.log(2.0) + math.lgamma(df / 2.0)
+    total = 0.0
+    for i in range(steps + 1):
+        x = i * h
+        if x == 0.0:
+            continue  # the chi density is 0 there for df > 1 (and the integrand bounded for df = 1: weight negligible)
+        dens = math.exp((df - 1.0) * math.log(x) - x * x / 2.0 - log_norm)
+        edge = c * x / math.sqrt(df)
+        weight = 1 if i == steps else 4 if i % 2 else 2
+        total += weight * dens * (_phi(shift - edge) + _phi(-edge - shift))
+    return total * h / 3.0
+
+
+def detectable_ratio(old: list[float], new: list[float], alpha: float = ALPHA, power: float = 0.8) -> float | None:
+    """The smallest ratio new/old of run figures that Welch's test on their logarithms (as bench-compare runs it)
+    detects with probability `power` at level `alpha`, given the run-to-run spread measured in `old` and `new`
+    (their logarithms' standard deviations) and their numbers of runs: exp(shift x SE), SE = sqrt(s_old^2/k_old +
+    s_new^2/k_new), the shift (in standard errors) where the noncentral t's power (t_power, at the Welch-
+    Satterthwaite degrees of freedom) reaches `power`. None with fewer than 2 positive figures a side; 1.0 when
+    neither side varies (any change is told apart). A slowdown of this ratio or more is flagged with that power;
+    a speed-up of its inverse the same."""
+    a = [math.log(x) for x in old if x is not None and x > 0]
+    b = [math.log(x) for x in new if x is not None and x > 0]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    v1 = sum((x - sum(a) / len(a)) ** 2 for x in a) / (len(a) - 1) / len(a)
+    v2 = sum((x - sum(b) / len(b)) ** 2 for x in b) / (len(b) - 1) / len(b)
+    if v1 + v2 == 0.0:
+        return 1.0
+    df = (v1 + v2) ** 2 / (v1 * v1 / (len(a) - 1) + v2 * v2 / (len(b) - 1))
+    return math.exp(detectable_shift(df, alpha, power) * math.sqrt(v1 + v2))
+
+
+def detectable_shift(df: float, alpha: float = ALPHA, power: float = 0.8) -> float:
+    """The true shift, in standard errors, that the two-sided level-alpha t test with df degrees of freedom detects
+    with probability `power` (0.5 < power < 1): t_power solved by bisection (40 halvings). Two samples of n, sd 1:
+    shift x sqrt(2/n) is the detectable difference, Cohen's (1988) table 2.4.1 (d = 0.8 needs n = 26, 0.5 n = 64)."""
+    if not 0.5 < power < 1.0:
+        raise ValueError(f"power {power} is not within (0.5, 1)")
+    low, high = 0.0, t_quantile(1.0 - alpha / 2.0, df) + t_quantile(power, df) + 10.0
+    for _ in range(40):  # power rises with the shift
+        mid = (low + high) / 2.0
+        low, high = (mid, high) if t_power(mid, df, alpha) < power else (low, mid)
+    return high
+
+
+def run_interval(values: list[float], alpha: float = ALPHA) -> list[float] | None:
+    """The 1 - alpha Student t interval of the mean of run-level figures (one per run: its median, or its p95...):
+    mean +- t_(1-alpha/2, k-1) x s / sqrt(k). The run is the unit: samples inside one run are autocorrelated
+    (an interval from their order statistics is too narrow), runs are close to independent. None with fewer than 2
+    runs."""
+    xs = [float(x) for x in values if x is not None]
+    k = len(xs)
+    if k < 2:
+        return None
+    mean = sum(xs) / k
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
+    half = t_quantile(1.0 - alpha / 2.0, k - 1) * sd / math.sqrt(k) if sd else 0.0
+    return [mean - half, mean + half]
 
 
 def holm(pvalues: list[float]) -> list[float]:

@@ -14,7 +14,9 @@ Per instance both reports benched (host/name), every figure that can be tested i
   old, judged by the exact sign-flip permutation test of their mean (d3_bench_stats.sign_flip_p);
 - latency (2- and 4-question, one at a time) and closed-loop throughput per concurrency, on RUN-LEVEL figures: each
   run's median latency (requests/s) is one observation, so the spread between runs is measured, not assumed; Welch's
-  t test on their logarithms gives the ratio new/old with its 95 % interval. With one run a side there is no spread
+  t test on their logarithms gives the ratio new/old of the runs' geometric means, with its 95 % interval and its
+  interval at the level the verdict used (the Holm or BH adjustment's), and the smallest ratio the test could
+  detect with power 0.8 given the spread measured and the number of runs. With one run a side there is no spread
   to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2).
 Every p-value of the comparison, over all instances, is one family: Holm's step-down (default; family-wise error
 rate alpha) or Benjamini-Hochberg (--method bh; false discovery rate alpha) adjusts them, and a figure is CHANGED
@@ -70,22 +72,41 @@ def paired_calibration(old: dict[str, Any], new: dict[str, Any], kind: str) -> d
     if not both:
         return None
     a, b = [before[k]["proper"] for k in both], [after[k]["proper"] for k in both]
-    return {"test": "paired sign-flip", "pairs": len(both), "old": sum(a) / len(a), "new": sum(b) / len(b),
-            "p": st.sign_flip_p([y - x for x, y in zip(a, b, strict=True)])}
+    test = st.sign_flip_test([y - x for x, y in zip(a, b, strict=True)])
+    return {"test": "paired sign-flip", "pairs": len(both), "old": sum(a) / len(a), "new": sum(b) / len(b), **test}
 
 
 def run_level(old: list[float], new: list[float]) -> dict[str, Any]:
-    """Run-level figures (one per run) of old and new: {runs, old, new (means of the runs), ratio new/old and its
-    95 % interval, p} from Welch's t test on their logarithms; with fewer than 2 runs a side, no test: `single`."""
+    """Run-level figures (one per run) of old and new: {runs, values (the run figures, old and new), old, new (means
+    of the runs), ratio new/old and its 95 % interval (unadjusted), p} from Welch's t test on their logarithms; with
+    fewer than 2 runs a side, no test: `single`. compare() adds the interval at the verdict's adjusted level and the
+    smallest detectable ratio."""
     old = [float(x) for x in old if x is not None and x > 0]
     new = [float(x) for x in new if x is not None and x > 0]
-    out: dict[str, Any] = {"runs": [len(old), len(new)], "old": sum(old) / len(old) if old else None,
+    out: dict[str, Any] = {"runs": [len(old), len(new)], "values": [old, new], "old": sum(old) / len(old) if old else None,
                            "new": sum(new) / len(new) if new else None}
     test = st.welch([math.log(x) for x in old], [math.log(x) for x in new])
     if test is None:
         return {**out, "single": True, "p": None}
     return {**out, "single": False, "test": "Welch on log run figures", "ratio": math.exp(test["diff"]),
             "interval": [math.exp(test["interval"][0]), math.exp(test["interval"][1])], "p": test["p"]}
+
+
+def adjusted_interval(d: dict[str, Any], alpha: float, family: int, detect: bool = True) -> None:
+    """A run-level test's interval at the level its verdict used, and the smallest ratio it could detect. The verdict
+    is CHANGED when adjusted p <= alpha, i.e. p <= alpha x p / adjusted p: the 1 - alpha x p / adjusted p interval
+    (`adjusted_level`, `adjusted_interval`) excludes a ratio of 1 exactly when the figure is CHANGED (under
+    Benjamini-Hochberg this is the false-coverage-rate interval of Benjamini and Yekutieli, JASA 100 (2005) 71-81;
+    alpha / m when p is 0). `detectable`: the smallest slowdown ratio Welch's test on these runs' logarithms detects
+    with power 0.8 at alpha / m (the level Holm's first step, and a lone Benjamini-Hochberg discovery, need), given
+    the run-to-run spread measured on both sides (d3_bench_stats.detectable_ratio); None when there is no spread
+    estimate (or `detect` false)."""
+    level = alpha * d["p"] / d["adjusted_p"] if d["adjusted_p"] > 0 else alpha / family
+    logs = [[math.log(x) for x in side] for side in d["values"]]
+    test = st.welch(logs[0], logs[1], level)
+    d["adjusted_level"] = 1.0 - level
+    d["adjusted_interval"] = [math.exp(test["interval"][0]), math.exp(test["interval"][1])]
+    d["detectable"] = st.detectable_ratio(d["values"][0], d["values"][1], alpha / family) if detect else None
 
 
 def _latency_runs(inst: dict[str, Any], label: str) -> list[float]:
@@ -100,9 +121,11 @@ def _closed_runs(inst: dict[str, Any]) -> dict[int, list[float]]:
     return {t["concurrency"]: [r["requests_per_s"] for r in t.get("runs") or [t]] for t in inst.get("throughput") or []}
 
 
-def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alpha: float = st.ALPHA) -> dict[str, Any]:
+def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alpha: float = st.ALPHA,
+            detect: bool = True) -> dict[str, Any]:
     """{method, alpha, family (every test: instance, figure, p, adjusted p, changed), rows (one per instance in both
-    reports, in the new report's order)}."""
+    reports, in the new report's order)}. `detect`: compute each run-level test's detectable ratio (about 50 ms
+    each; simulations of many comparisons leave it out)."""
     before = {f"{i['host']}/{i['name']}": i for i in old["instances"] if i.get("health") == 200}
     rows = []
     for inst in new["instances"]:
@@ -128,6 +151,8 @@ def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alph
     name, rate, adjust = METHODS[method]
     for (_, _, d), adj in zip(tests, adjust([d["p"] for _, _, d in tests]), strict=True):
         d["adjusted_p"], d["changed"] = adj, adj <= alpha
+        if "ratio" in d:
+            adjusted_interval(d, alpha, len(tests), detect)
     return {"method": f"{name}, {rate} {alpha:g}", "alpha": alpha, "tests": len(tests),
             "family": [{"instance": i, "figure": n, "p": d["p"], "adjusted_p": d["adjusted_p"], "changed": d["changed"]}
                        for i, n, d in tests],
@@ -150,7 +175,11 @@ def _run_line(d: dict[str, Any], unit: str, fmt: str) -> str:
         return (f"{head}: {d['runs'][0]} run(s) -> {d['runs'][1]}: cannot tell noise from change (not tested; "
                 "bench with d3_bench_repeats >= 2)")
     lo, hi = d["interval"]
-    return f"{head} (x{d['ratio']:.3f} [{lo:.3f}, {hi:.3f}], Welch on {d['runs'][0]} + {d['runs'][1]} runs; {_p(d)}){_flag(d)}"
+    alo, ahi = d["adjusted_interval"]
+    det = "-" if d["detectable"] is None else f"x{d['detectable']:.3f}"
+    return (f"{head} (x{d['ratio']:.3f}, 95 % [{lo:.3f}, {hi:.3f}], {100 * d['adjusted_level']:.2f} % at the verdict's "
+            f"level [{alo:.3f}, {ahi:.3f}]; Welch on {d['runs'][0]} + {d['runs'][1]} runs; {_p(d)}; detectable {det})"
+            f"{_flag(d)}")
 
 
 def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -159,8 +188,11 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
     lines = [f"bench-compare{sim}: {old.get('generated')} -> {new.get('generated')}",
              f"  one family of {result['tests']} tests ({', '.join(kinds) or 'none'}; over every instance below), "
              f"{result['method']}: CHANGED where the adjusted p <= {result['alpha']:g}",
-             "  accuracy and calibration paired per question (exact McNemar; sign-flip); latency and throughput on "
-             "run-level figures (each run's median, or its requests/s), ratio new/old [95 %]"]
+             "  accuracy and calibration paired per question (exact McNemar; sign-flip, exact up to 32 pairs); latency "
+             "and throughput on run-level figures (each run's median, or its requests/s), ratio new/old of their geometric means",
+             "  intervals: 95 % unadjusted, and at the level the verdict used (alpha x p / adjusted p: it excludes 1 "
+             "exactly when CHANGED); detectable: the smallest ratio Welch's test on these runs detects with power 0.8 "
+             f"at alpha/m = {result['alpha']:g}/{max(result['tests'], 1)}, from the run-to-run spread measured"]
     for r in result["rows"]:
         lines.append(f"{r['instance']} ({r['model']}): image {r['image'][0]} -> {r['image'][1]}")
         a = r["accuracy"]
@@ -174,8 +206,9 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
         for kind, label in KINDS:
             c = r["calibration"][kind]
             if c is not None:
+                how = "exact" if c["exact"] else f"normal approximation, p within +-{c['max_error']:.3f}"
                 lines.append(f"  calibration   {label} {c['old']:.3f} -> {c['new']:.3f} (paired, n={c['pairs']}; "
-                             f"sign-flip {_p(c)}){_flag(c)}")
+                             f"sign-flip, {how}: {_p(c)}){_flag(c)}")
         lines += [f"  {q} latency    {_run_line(r['latency'][q], 'ms (run medians)', '{:.1f}')}" for q in ("q2", "q4")]
         lines += [f"  closed loop c={c}: {_run_line(d, 'req/s', '{:.1f}')}" for c, d in r["throughput"].items()]
     return lines
@@ -202,13 +235,14 @@ def plot(result: dict[str, Any], path: str, simulated: bool) -> None:
         if d["single"]:
             right.plot([d["new"] / d["old"]], [y], marker="o", mfc="none", color="tab:grey")
         else:
-            lo, hi = d["interval"]
+            lo, hi = d["adjusted_interval"]
             right.errorbar([d["ratio"]], [y], xerr=[[d["ratio"] - lo], [hi - d["ratio"]]], fmt="o", capsize=4,
                            color="tab:red" if d["changed"] else "tab:grey")
     left.axvline(0, color="black", linewidth=0.8)
     left.set_xlabel("answers flipped per question: right->wrong (left), wrong->right (right)")
     right.axvline(1, color="black", linewidth=0.8)
-    right.set_xlabel("4-question latency, new / old run medians [95 %] (hollow: one run, no interval)")
+    right.set_xlabel("4-question latency, new / old mean of run medians [interval at the verdict's adjusted level] "
+                     "(hollow: one run, no interval)")
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
     left.set_yticks(ys, [r["instance"] for r in rows])

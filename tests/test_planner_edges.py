@@ -286,7 +286,10 @@ def test_the_tensor_parallel_fix_goes_up_to_8(catalog_vars: dict[str, Any]) -> N
 
 
 def test_batched_tokens_equal_to_the_context_are_not_blamed() -> None:
-    (error,) = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3633", "--max-num-batched-tokens=32768"]}])["errors"]
+    # exactly --max-model-len (4096): allowed, so not blamed when the instance is refused for memory
+    (error,) = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3486", "--max-num-batched-tokens=4096"]}])["errors"]
+    assert "remove --max-num-batched-tokens" not in error and "max_num_batched_tokens (" not in error
+    (error,) = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3486", "--max-num-batched-tokens=32768"]}])["errors"]
     assert "remove --max-num-batched-tokens" not in error and "max_num_batched_tokens (" not in error
 
 
@@ -314,6 +317,10 @@ def test_share_fixes_at_their_edges() -> None:
             {"model": "s", "name": "c", "extra_args": ["--gpu-memory-utilization=0.5"]}]  # fmt: skip
     (error,) = d3_plan(auto, catalog, COMMON, l4_gpus(2, 10000), host="h", options=opts)["errors"]
     assert "(GPU 0: a 9000 MiB (0.9); GPU 1: b 5000 MiB (0.5)). Fix: set --gpu-memory-utilization=0.42 in d3_models[2].extra_args" in error
+    # what is left, 0.92 - 0.245 = 0.675, rounds down to whole hundredths: 0.67
+    left = [share("a", 0.245), {"model": "s", "name": "c", "gpus": [0], "extra_args": ["--gpu-memory-utilization=0.7"]}]
+    (error,) = d3_plan(left, catalog, COMMON, l4_gpus(1, 10000), host="h", options=opts)["errors"]
+    assert "Fix: set --gpu-memory-utilization=0.67 in d3_models[1].extra_args" in error
     # an idle GPU is named as such; a TP 2 instance's partial plan names both GPUs
     two = dict(entry(weights_fp8_gb=0.1), tensor_parallel_size=2)
     result = d3_plan([{"model": "t", "gpus": [0, 1]}, {"model": "t", "name": "u", "extra_args": ["--gpu-memory-utilization=0.5"]}],

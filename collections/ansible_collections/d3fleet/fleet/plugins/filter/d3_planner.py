@@ -575,7 +575,7 @@ class _Planner:
             "fp8_activations": flags["--quantization"] == "fp8" or variant["activations"] == "fp8",
         }
         min_mem = min((vllm_total_mib(g, self.common.get("gpu_models")) for g in self.gpus), default=0)
-        figures = self.figures(entry, vllm_flags, min_mem or self.default_total(), tp, weights_mib)
+        figures = self.figures(entry, vllm_flags, min_mem, tp, weights_mib)  # no GPU: refused at placement
         short = self.memory_shortfall(figures, max_len)
         if self.gpus and short and length_ok:
             self.refuse(
@@ -720,11 +720,6 @@ class _Planner:
                     )
                     return None
         return resolved
-
-    def default_total(self) -> int:
-        """vLLM's total of the catalog's L4 (no GPU declared or found)."""
-        l4 = {"name": "L4", "memory_total_mib": int(self.common.get("l4_memory_mib", 0))}
-        return vllm_total_mib(l4, self.common.get("gpu_models"))
 
     def figures(self, entry: dict[str, Any], flags: dict[str, Any], total_mib: int, tp: int, weights_mib: int) -> dict[str, Any]:
         """kv_cache_figures for a catalog entry on a GPU of total_mib (d3_vram_overhead_mib: the non-torch margin)."""

@@ -175,7 +175,7 @@ def test_shares_add_up_on_a_gpu() -> None:
     assert result["errors"] == [
         "host h: d3_models[3] (s3): VRAM over budget on GPU 0: its share of 5000 MiB (--gpu-memory-utilization 0.25 x 20000 MiB) on top of s0 5000 MiB (0.25), s1 5000 MiB (0.25), s2 5000 MiB (0.25) makes 20000 MiB, over the 18400 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set --gpu-memory-utilization=0.17 in d3_models[3].extra_args (what is left), or move d3_models[3] to another GPU (its `gpus:`) or host"]
     # the partial plan: what would run where once the refused instance is fixed
-    assert result["partial"][:1] == ["s0: s on GPU 0, port 8000, needs 619 MiB/GPU of its 5000 MiB share; GPU KV cache size: 1,121,904 tokens, maximum concurrency 23373.25x at 16 tokens (predicted)"]
+    assert result["partial"][:1] == ["s0: s on GPU 0, port 8000, needs 619 MiB/GPU of its 5000 MiB share; GPU KV cache size: 373,968 tokens, maximum concurrency 23373.25x at 16 tokens (predicted)"]
     assert result["partial"][-1] == "GPU 0: 15000/20000 MiB in shares (s0 5000 MiB, s1 5000 MiB, s2 5000 MiB)"
     two_gpus = d3_plan([*models, {"model": "s", "name": "s4", "extra_args": ["--gpu-memory-utilization=1"]}], catalog, COMMON,
                        l4_gpus(2, 20000), host="h", options={"allow_cuda_graphs": True, "gpu_share_cap": 0})  # fmt: skip
@@ -342,4 +342,4 @@ def test_json_keys_of_known_flags_and_a_harmless_kv_cache_dtype() -> None:
 
 def test_batched_tokens_that_do_not_parse() -> None:
     assert plan([{"model": "plain", "extra_args": ["--max-num-batched-tokens=lots"]}])["errors"] == [
-        "host h: d3_models[0] (plain): --max-num-batched-tokens or --kv-cache-memory-bytes in extra_args does not parse (invalid literal for int() with base 10: 'lots'). Fix: give a number (e.g. 8192, 8k or 4G)"]
+        "host h: d3_models[0] (plain): --max-num-batched-tokens, --max-num-seqs or --kv-cache-memory-bytes in extra_args does not parse (invalid literal for int() with base 10: 'lots'). Fix: give a number (e.g. 8192, 8k or 4G)"]

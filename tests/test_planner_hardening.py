@@ -158,7 +158,8 @@ def test_canonical_flag_and_input_checks() -> None:
     assert canonical_flag("--gpu_memory_utilization=0.5", KNOWN_FLAGS) == ("--gpu-memory-utilization", "0.5", "")
     assert canonical_flag("--unknown-thing", KNOWN_FLAGS) == ("--unknown-thing", None, "")
     assert canonical_flag("--max-m.a.b=1", KNOWN_FLAGS) == ("--max-model-len", "1", "a.b")  # a unique prefix
-    assert canonical_flag("--max-n=1", KNOWN_FLAGS) == ("--max-num-batched-tokens", "1", "")
+    assert canonical_flag("--max-num-b=1", KNOWN_FLAGS) == ("--max-num-batched-tokens", "1", "")
+    assert canonical_flag("--max-n=1", KNOWN_FLAGS) == ("--max-n", "1", "")  # --max-num-seqs too: ambiguous
     assert canonical_flag("--max=1", KNOWN_FLAGS) == ("--max", "1", "")  # ambiguous, as in vLLM's parser
     assert canonical_flag("--enable", KNOWN_FLAGS) == ("--enable", None, "")  # ambiguous among the known: kept
     assert canonical_flag("-tp=2", KNOWN_FLAGS) == ("--tensor-parallel-size", "2", "")

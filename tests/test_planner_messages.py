@@ -159,7 +159,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-flash): vLLM refuses to start: 'Total number of attention heads (16) must be divisible by tensor parallel size (3).'. Fix: set --tensor-parallel-size to one of 1, 2, 4, 8, 16 in d3_models[0].extra_args",
+            + "d3_models[0] (d3-flash): vLLM refuses to start d3-flash at --tensor-parallel-size 3: 'ValueError: Total number of attention heads (16) must be divisible by tensor parallel size (3).'. Fix: set --tensor-parallel-size to one of 1, 2, 4, 8, 16 in d3_models[0].extra_args",
         ],
     ),
     "prefix": (

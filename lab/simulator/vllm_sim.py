@@ -683,14 +683,71 @@ def torch_total_mib(name: str, nvidia_smi_total_mib: int) -> int:
     return TORCH_TOTAL_MIB.get((name, nvidia_smi_total_mib), nvidia_smi_total_mib)
 
 
-def serve_max_num_batched_tokens(given: int | None, max_len: int, chunked: bool, total_bytes: int) -> int:
-    """max_num_batched_tokens as `vllm serve` resolves it (arg_utils.py, see above)."""
+def serve_max_num_batched_tokens(given: int | None, max_len: int, chunked: bool, total_bytes: int,
+                                 seqs: int | None = None) -> int:
+    """max_num_batched_tokens as `vllm serve` resolves it (arg_utils.py, see above); `seqs`: --max-num-seqs."""
     if given is not None:
         return given
     tokens = SERVE_BATCHED_TOKENS[total_bytes >= 70 * GIB]
     if not chunked:
         tokens = max(max_len, tokens)
-    return min(SERVE_MAX_NUM_SEQS * max_len, tokens)
+    return min((SERVE_MAX_NUM_SEQS if seqs is None else seqs) * max_len, tokens)
+
+
+def serve_max_num_seqs(given: int | None, batched: int) -> int:
+    """_set_default_max_num_seqs_and_batched_tokens_args (vllm/engine/arg_utils.py): `if orig_max_num_seqs is None:
+    self.max_num_seqs = min(self.max_num_seqs, self.max_num_batched_tokens)`; a given --max-num-seqs is kept."""
+    return min(SERVE_MAX_NUM_SEQS, batched) if given is None else given
+
+
+def scheduler_config_error(batched: int, seqs: int, max_len: int, chunked: bool) -> str | None:
+    """SchedulerConfig.verify_max_model_len (vllm/config/scheduler.py), its two ValueErrors in their order."""
+    if batched < max_len and not chunked:
+        return (f"max_num_batched_tokens ({batched}) is smaller than max_model_len ({max_len}). This effectively limits "
+                "the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please "
+                "increase max_num_batched_tokens or decrease max_model_len.")
+    if batched < seqs:
+        return f"max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs ({seqs})."
+    return None
+
+
+def tensor_parallel_error(config: dict[str, Any], tp: int) -> tuple[str, str, str] | None:
+    """What stops a Qwen3.5 model at tensor parallel size tp: (exception, message, where), in vLLM's order.
+    - vllm/config/model.py ModelConfig.verify_with_parallel_config: total_num_attention_heads % tensor_parallel_size
+      -> ValueError "Total number of attention heads (H) must be divisible by tensor parallel size (T)."
+    - building the model: layer 0 of Qwen3.5 is linear attention, so GatedDeltaNetAttention.__init__
+      (vllm/model_executor/layers/mamba/gdn_linear_attn.py) comes first: self.conv1d = ColumnParallelLinear(
+      output_size=self.conv_dim) -> divide(conv_dim, tp) -> vllm/distributed/utils.py ensure_divisibility:
+      `assert numerator % denominator == 0, "{} is not divisible by {}".format(numerator, denominator)`;
+      then in_proj_qkvz (output sizes key_dim, key_dim, value_dim, value_dim) and
+      self.A_log = divide(self.num_v_heads, self.tp_size). The forward reshapes by num_k_heads // tp_size.
+    - Qwen3NextAttention.__init__ (vllm/model_executor/models/qwen3_next.py): if total_num_kv_heads >= tp_size:
+      assert total_num_kv_heads % tp_size == 0, else (replicated KV heads) assert tp_size % total_num_kv_heads == 0."""
+    c = {**QWEN3_5_DEFAULTS, **text_config(config)}
+    heads = int(c["num_attention_heads"])
+    if heads % tp != 0:
+        return ("ValueError", f"Total number of attention heads ({heads}) must be divisible by tensor parallel size "
+                f"({tp}).", "vllm/config/model.py")
+    key_dim = int(c["linear_key_head_dim"]) * int(c["linear_num_key_heads"])
+    value_dim = int(c["linear_value_head_dim"]) * int(c["linear_num_value_heads"])
+    divided = "vllm/distributed/utils.py"
+    if (key_dim * 2 + value_dim) % tp != 0:  # conv1d: ColumnParallelLinear(output_size=self.conv_dim)
+        return ("AssertionError", f"{key_dim * 2 + value_dim} is not divisible by {tp}", divided)
+    if key_dim % tp != 0:  # in_proj_qkvz: output sizes [key_dim, key_dim, value_dim, value_dim]
+        return ("AssertionError", f"{key_dim} is not divisible by {tp}", divided)
+    if int(c["linear_num_key_heads"]) % tp != 0:  # no assertion: the forward's num_k_heads // tp_size
+        return ("RuntimeError", f"the linear-attention key heads ({c['linear_num_key_heads']}) do not split over {tp} "
+                "ranks (GatedDeltaNetAttention forward: num_k_heads // tp_size)",
+                "vllm/model_executor/layers/mamba/gdn_linear_attn.py")
+    if int(c["linear_num_value_heads"]) % tp != 0:  # self.A_log: divide(self.num_v_heads, self.tp_size)
+        return ("AssertionError", f"{c['linear_num_value_heads']} is not divisible by {tp}", divided)
+    kv = int(c["num_key_value_heads"])
+    attention = "vllm/model_executor/models/qwen3_next.py"
+    if kv >= tp and kv % tp != 0:
+        return ("AssertionError", "assert self.total_num_kv_heads % tp_size == 0", attention)
+    if kv < tp and tp % kv != 0:  # fewer KV heads than ranks: replicated, tp a multiple of them
+        return ("AssertionError", "assert tp_size % self.total_num_kv_heads == 0", attention)
+    return None
 
 
 def activations_fp8(config: dict[str, Any], quantization: str | None) -> bool:
@@ -733,11 +790,13 @@ def profile_activation_bytes_per_token(config: dict[str, Any], tp: int, fp8: boo
 
 def startup_memory(config: dict[str, Any], weight_bytes: int, tp: int, util: float, total_bytes: int, max_len: int,
                    batched: int | None = None, chunked: bool = False, eager: bool = True, kv_dtype: str = "auto",
-                   kv_cache_memory_bytes: int | None = None, fp8: bool = False, others: int = 0) -> dict[str, Any]:
+                   kv_cache_memory_bytes: int | None = None, fp8: bool = False, others: int = 0,
+                   max_num_seqs: int | None = None) -> dict[str, Any]:
     """vLLM's startup accounting on one GPU (torch's total_bytes) for a checkpoint of weight_bytes in GPU memory (all
     ranks): the pool, the KV layout and the two figures vLLM logs, or why it stops (``stop``: kind and message).
     ``others``: memory other processes took during the profile run (counted in non_torch_increase by vLLM)."""
-    tokens = serve_max_num_batched_tokens(batched, max_len, chunked, total_bytes)
+    tokens = serve_max_num_batched_tokens(batched, max_len, chunked, total_bytes, max_num_seqs)
+    seqs = serve_max_num_seqs(max_num_seqs, tokens)
     requested = int(total_bytes * util)
     weights = cdiv(weight_bytes, tp)
     peak = tokens * profile_activation_bytes_per_token(config, tp, fp8)
@@ -746,15 +805,14 @@ def startup_memory(config: dict[str, Any], weight_bytes: int, tp: int, util: flo
     non_kv = weights + peak + non_torch + graphs
     kv = requested - non_kv - others if kv_cache_memory_bytes is None else kv_cache_memory_bytes
     layout = kv_layout(config, kv_dtype, tp)
-    out: dict[str, Any] = {"max_num_batched_tokens": tokens, "requested": requested, "weights": weights, "peak": peak,
+    out: dict[str, Any] = {"max_num_batched_tokens": tokens, "max_num_seqs": seqs, "requested": requested, "weights": weights, "peak": peak,
                            "non_torch": non_torch, "cudagraph": graphs, "non_kv": non_kv, "kv": kv, "layout": layout,
                            "stop": None, "tokens": 0, "concurrency": 0.0, "fp8": fp8}
     conserving = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
     in_gpu = non_kv + (0 if kv_cache_memory_bytes is None else kv_cache_memory_bytes)
-    if not chunked and tokens < max_len:
-        out["stop"] = ("ValueError", f"max_num_batched_tokens ({tokens}) is smaller than max_model_len ({max_len}). "
-                       "This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM "
-                       "reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
+    scheduler = scheduler_config_error(tokens, seqs, max_len, chunked)
+    if scheduler:
+        out["stop"] = ("ValueError", scheduler)
     elif in_gpu > total_bytes - CUDA_CONTEXT_STAND_IN_MIB * MIB and graphs and in_gpu - graphs <= total_bytes - \
             CUDA_CONTEXT_STAND_IN_MIB * MIB:  # profile_cudagraph_memory captures the graphs: that is where it fails
         out["stop"] = ("torch.OutOfMemoryError", f"CUDA out of memory during CUDA graph capture. Tried to allocate "
@@ -811,6 +869,9 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                       f"max_model_len (max_position_embeddings={max_pos} or model_max_length=None in model's "
                       "config.json). To allow overriding this maximum, set the env var "
                       "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.", "vllm/config/model.py")
+    split = tensor_parallel_error(model.config, tp)
+    if split and split[0] == "ValueError":  # ModelConfig (VllmConfig), before any worker or GPU
+        raise SimExit(*split)
     if tp > len(gpus):
         raise SimExit("RuntimeError", f"Tensor parallel world size ({tp}) is larger than the number of "
                       f"available GPUs ({len(gpus)}) in this node. Reduce --tensor-parallel-size or make more "
@@ -821,7 +882,8 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
     mem = startup_memory(model.config, model_weight_bytes(args, model), tp, args.gpu_memory_utilization, total, max_len,
                          batched=args.max_num_batched_tokens, chunked=bool(args.enable_chunked_prefill),
                          eager=args.enforce_eager, kv_dtype=args.kv_cache_dtype,
-                         kv_cache_memory_bytes=args.kv_cache_memory_bytes, fp8=activations_fp8(model.config, args.quantization))
+                         kv_cache_memory_bytes=args.kv_cache_memory_bytes, fp8=activations_fp8(model.config, args.quantization),
+                         max_num_seqs=args.max_num_seqs)
     if mem["stop"] and mem["stop"][1].startswith("max_num_batched_tokens"):  # SchedulerConfig, before any engine
         raise SimExit(*mem["stop"], "vllm/config/scheduler.py")
     budget = mem["requested"]
@@ -840,6 +902,8 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                           f"({args.gpu_memory_utilization}, {gib2(budget)} GiB). Decrease GPU memory utilization "
                           "or reduce GPU memory used by other processes.", "vllm/v1/worker/gpu_worker.py")
     log("INFO", "gpu_model_runner.py:2602", f"Starting to load model {model.repo}...")
+    if split:  # the model's layers are built before its weights load: vLLM's divide() asserts
+        raise SimExit(*split)
     weights = mem["weights"]
     overhead = mem["peak"] + mem["non_torch"] + mem["cudagraph"]
     # the CUDA context and the weights now live on the GPU(s)

@@ -69,7 +69,7 @@ BOOLEAN_FLAGS = {
 # Flags the planner reads or owns: an extra_args flag naming one of them, exactly or by a unique prefix as vLLM's
 # parser allows, is that flag (d3_inputs.canonical_flag).
 KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype", "--max-num-batched-tokens",
-               "--kv-cache-memory-bytes")  # fmt: skip
+               "--kv-cache-memory-bytes", "--max-num-seqs")  # fmt: skip
 NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
 SHA_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "served_name", "extra_args", "env"}
@@ -220,13 +220,62 @@ def parse_bytes(text: Any) -> int:
     return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
-def default_batched_tokens(max_len: int, chunked: bool, gpu_total_mib: int) -> int:
+def default_batched_tokens(max_len: int, chunked: bool, gpu_total_mib: int, max_num_seqs: int | None = None) -> int:
     """max_num_batched_tokens as `vllm serve` sets it when --max-num-batched-tokens is not given (EngineArgs.
-    get_batch_defaults and _set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py)."""
+    get_batch_defaults and _set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py): the cap is
+    max_num_seqs (--max-num-seqs, or the default 256 before it is itself capped) x max_model_len."""
     batched = LARGE_GPU_MAX_NUM_BATCHED_TOKENS if gpu_total_mib >= LARGE_GPU_MIB else DEFAULT_MAX_NUM_BATCHED_TOKENS
     if not chunked:  # "If max_model_len is too short, use the default for higher throughput."
         batched = max(max_len, batched)
-    return min(DEFAULT_MAX_NUM_SEQS * max_len, batched)
+    return min((DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs) * max_len, batched)
+
+
+def resolved_max_num_seqs(given: int | None, batched: int) -> int:
+    """max_num_seqs as vLLM resolves it (_set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py):
+    --max-num-seqs when given, else `min(self.max_num_seqs, self.max_num_batched_tokens)` of the default 256."""
+    return given if given is not None else min(DEFAULT_MAX_NUM_SEQS, batched)
+
+
+def tp_refusal(text: dict[str, Any], tp: int) -> str | None:
+    """Why vLLM refuses to start a Qwen3.5 hybrid (config.json ``text``) at tensor parallel size ``tp``, in vLLM's
+    words and in the order vLLM meets the checks; None when every split is even.
+
+    1. ``ModelConfig.verify_with_parallel_config`` (vllm/config/model.py), before any worker: the attention heads.
+    2. Building the model (vllm/model_executor/models/qwen3_5.py: layer 0 is a Gated DeltaNet layer,
+       ``GatedDeltaNetAttention.__init__`` in vllm/model_executor/layers/mamba/gdn_linear_attn.py): its ``conv1d``
+       ``ColumnParallelLinear(output_size=conv_dim)`` calls ``divide(conv_dim, tp)``, whose
+       ``ensure_divisibility`` (vllm/distributed/utils.py) asserts "{numerator} is not divisible by {denominator}";
+       then ``in_proj_qkvz`` (key and value dims, a bare assert in ``MergedColumnParallelLinear``) and
+       ``A_log = divide(num_v_heads, tp)``; the state shapes ``MambaStateShapeCalculator.gated_delta_net_state_shape``
+       divide conv_dim and the value heads again, and the layer's forward splits the key heads by ``num_k_heads // tp``.
+    3. The first full-attention layer (``Qwen3NextAttention.__init__``, vllm/model_executor/models/qwen3_next.py):
+       KV heads at or above TP are split (``assert self.total_num_kv_heads % tp_size == 0``), KV heads below TP are
+       replicated (``assert tp_size % self.total_num_kv_heads == 0``: each rank then holds one, ``get_num_kv_heads``)."""
+    heads = int(text["num_attention_heads"])
+    if heads % tp:
+        return f"ValueError: Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})."
+    k_heads, v_heads = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+    key_dim, value_dim = k_heads * int(text["linear_key_head_dim"]), v_heads * int(text["linear_value_head_dim"])
+    # conv1d (conv_dim), in_proj_qkvz (the key dims): divide() -> ensure_divisibility's assertion
+    for dim in (2 * key_dim + value_dim, key_dim):
+        if dim % tp:
+            return f"AssertionError: {dim} is not divisible by {tp}"
+    if k_heads % tp:  # no assertion in vLLM: the layer's forward views by num_k_heads // tp_size
+        return (f"RuntimeError: the linear-attention key heads ({k_heads}) do not split over {tp} ranks "
+                "(GatedDeltaNetAttention forward: num_k_heads // tp_size)")  # fmt: skip
+    if v_heads % tp:  # A_log = divide(num_v_heads, tp)
+        return f"AssertionError: {v_heads} is not divisible by {tp}"
+    kv_heads = int(text["num_key_value_heads"])
+    if kv_heads >= tp and kv_heads % tp:
+        return "AssertionError: assert self.total_num_kv_heads % tp_size == 0"
+    if kv_heads < tp and tp % kv_heads:  # replicated KV heads: TP a multiple of them
+        return "AssertionError: assert tp_size % self.total_num_kv_heads == 0"
+    return None
+
+
+def tp_sizes(text: dict[str, Any]) -> list[int]:
+    """The tensor parallel sizes vLLM starts this architecture at (tp_refusal), up to its attention heads."""
+    return [t for t in range(1, int(text["num_attention_heads"]) + 1) if tp_refusal(text, t) is None]
 
 
 def kv_cache_figures(
@@ -281,8 +330,11 @@ def kv_cache_figures(
     max_len = int(flags["--max-model-len"])
     util = float(flags["--gpu-memory-utilization"])
     chunked = bool(flags.get("--enable-chunked-prefill"))
+    given_seqs = flags.get("--max-num-seqs")
+    given_seqs = None if given_seqs is None else int(given_seqs)
     batched = flags.get("--max-num-batched-tokens")
-    batched = default_batched_tokens(max_len, chunked, int(gpu_total_mib)) if batched is None else int(batched)
+    batched = default_batched_tokens(max_len, chunked, int(gpu_total_mib), given_seqs) if batched is None else int(batched)
+    max_num_seqs = resolved_max_num_seqs(given_seqs, batched)
     # the profile run's activation peak per token on one GPU: the residual stream plus the largest layer transient
     hidden, inter = int(text["hidden_size"]), int(text["intermediate_size"])
     q8 = 1 if flags.get("fp8_activations", flags.get("--quantization") == "fp8") else 0
@@ -316,6 +368,7 @@ def kv_cache_figures(
         "kv_groups": groups,
         "group_size": group_size,
         "max_num_batched_tokens": batched,
+        "max_num_seqs": max_num_seqs,
         "activation_bytes_per_token": per_token,
         "gpu_total_mib": int(gpu_total_mib),
         "weights_mib": weights,
@@ -328,7 +381,10 @@ def kv_cache_figures(
         "kv_pool_mib": num_blocks * page * group_size // MIB,
         "sequence_mib": _cdiv(needed, MIB),
         "num_gpu_blocks": num_blocks,
-        "gpu_kv_cache_tokens": num_blocks // groups * block_size,  # _report_kv_cache_config
+        # _report_kv_cache_config: num_blocks // groups x the smallest block_size of the groups; a GDN group's
+        # MambaSpec block_size is max_model_len (MambaModelConfig.verify_and_update_config, prefix caching off:
+        # mamba_block_size = model_config.max_model_len), so a context shorter than the attention block counts
+        "gpu_kv_cache_tokens": num_blocks // groups * (min(block_size, max_len) if mamba_groups else block_size),
         "max_concurrency": num_blocks / per_seq_blocks,  # get_max_concurrency_for_kv_cache_config
         "estimated_max_model_len": estimated,
         "refusal": None,
@@ -340,6 +396,9 @@ def kv_cache_figures(
                               f"max_model_len ({max_len}). This effectively limits the maximum sequence length to "
                               "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
                               "max_num_batched_tokens or decrease max_model_len."}  # fmt: skip
+    elif batched < max_num_seqs:  # SchedulerConfig.verify_max_model_len (vllm/config/scheduler.py), chunked or not
+        figures["refusal"] = {"kind": "max_num_seqs", "message": f"max_num_batched_tokens ({batched}) must be greater than "
+                              f"or equal to max_num_seqs ({max_num_seqs})."}  # fmt: skip
     elif in_gpu > (int(gpu_total_mib) - int(cuda_context_mib)) * MIB:
         figures["refusal"] = {"kind": "profile_oom", "message": "torch.OutOfMemoryError: CUDA out of memory"}
     elif available <= 0:
@@ -526,14 +585,15 @@ class _Planner:
         if tp < 1:
             self.refuse(where, f"--tensor-parallel-size {tp} is below 1", "use 1 or more")
             return None
-        heads = int(entry["architecture"]["text"]["num_attention_heads"])
-        if heads % tp:
-            # ModelConfig.verify_with_parallel_config (vllm/config/model.py)
+        arch_text = entry["architecture"]["text"]
+        split = tp_refusal(arch_text, tp)
+        if split:
+            # tp_refusal: vLLM's checks in its order (ModelConfig.verify_with_parallel_config, then vLLM's divide()
+            # while the Gated DeltaNet and attention layers are built)
             self.refuse(
                 where,
-                f"vLLM refuses to start: 'Total number of attention heads ({heads}) must be divisible by tensor "
-                f"parallel size ({tp}).'",
-                f"set --tensor-parallel-size to one of {', '.join(str(t) for t in range(1, heads + 1) if heads % t == 0)} "
+                f"vLLM refuses to start {model} at --tensor-parallel-size {tp}: '{split}'",
+                f"set --tensor-parallel-size to one of {', '.join(str(t) for t in tp_sizes(arch_text))} "
                 f"in d3_models[{pos}].extra_args",
             )
             return None
@@ -560,9 +620,11 @@ class _Planner:
             batched = None if batched is None else parse_bytes(batched)
             fixed = extra_flags.get("--kv-cache-memory-bytes")
             fixed = None if fixed is None else parse_bytes(fixed)
+            seqs = extra_flags.get("--max-num-seqs")
+            seqs = None if seqs is None else int(str(seqs))
         except ValueError as exc:
-            self.refuse(where, f"--max-num-batched-tokens or --kv-cache-memory-bytes in extra_args does not parse ({exc})",
-                        "give a number (e.g. 8192, 8k or 4G)")  # fmt: skip
+            self.refuse(where, f"--max-num-batched-tokens, --max-num-seqs or --kv-cache-memory-bytes in extra_args does "
+                        f"not parse ({exc})", "give a number (e.g. 8192, 8k or 4G)")  # fmt: skip
             return None
         vllm_flags = {
             "--max-model-len": max_len,
@@ -570,6 +632,7 @@ class _Planner:
             "--enforce-eager": eager,
             "--quantization": flags["--quantization"],
             "--max-num-batched-tokens": batched,
+            "--max-num-seqs": seqs,
             "--kv-cache-memory-bytes": fixed,
             "--enable-chunked-prefill": "--enable-chunked-prefill" in extra_flags,
             "fp8_activations": flags["--quantization"] == "fp8" or variant["activations"] == "fp8",
@@ -752,6 +815,8 @@ class _Planner:
             )
         if refusal["kind"] == "batched_tokens":
             return f"is refused by vLLM at startup: '{refusal['message']}' (chunked prefill is off for D3: the field report)"
+        if refusal["kind"] == "max_num_seqs":
+            return f"is refused by vLLM at startup: '{refusal['message']}' (vllm/config/scheduler.py)"
         if refusal["kind"] == "profile_oom":
             return (
                 f"runs out of memory in vLLM's profile run ('{refusal['message']}'): {parts}, more than the GPU holds "
@@ -791,14 +856,16 @@ class _Planner:
         )
         if step is not None:
             fixes.append(f"set --gpu-memory-utilization={_fmt(step / 100)}")
-        text = entry["architecture"]["text"]
-        heads = (int(text["num_attention_heads"]), int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"]))
-        size = next((t for t in (2, 4, 8) if t > tp and all(h % t == 0 for h in heads) and works({}, t)), None)
+        size = next((t for t in tp_sizes(entry["architecture"]["text"]) if t > tp and works({}, t)), None)
         if size is not None:
             fixes.append(f"set --tensor-parallel-size={size} ({size} GPUs; the host has {len(self.gpus)})")
         batched = flags["--max-num-batched-tokens"]
         if batched is not None and batched < flags["--max-model-len"] and not flags["--enable-chunked-prefill"]:
             fixes.insert(0, "remove --max-num-batched-tokens (vLLM then takes --max-model-len)")
+        seqs = flags.get("--max-num-seqs")
+        if seqs is not None and seqs > self.figures(entry, flags, total_mib, tp, weights_mib)["max_num_batched_tokens"]:
+            fixes.insert(0, "remove --max-num-seqs (vLLM then takes at most --max-num-batched-tokens), or raise "
+                         "--max-num-batched-tokens to it")
         fix = f"in d3_models[{pos}].extra_args " + ", or ".join(fixes) if fixes else f"pick a smaller model or variant for d3_models[{pos}]"
         return fix + ("" if flags["--enforce-eager"] else "; or keep --enforce-eager (remove --no-enforce-eager)")
 

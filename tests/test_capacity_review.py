@@ -1,0 +1,150 @@
+# ruff: noqa: E501  (vLLM's messages are kept on one line)
+"""The vLLM engineer's review of issue 33 (after items 1-5 landed): what vLLM refuses or counts that the planner and
+the lab simulator did not. Each finding is checked on both sides, each side on its own: the planner
+(plugins/filter/d3_planner.py) and the simulator (lab/simulator/vllm_sim.py), with vLLM's words."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import testkit
+from d3_planner import d3_plan, kv_cache_figures, mib_of_gb, tp_refusal, tp_sizes
+from l4 import l4_gpus
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM = testkit.load_file("vllm_sim_review", ROOT / "lab/simulator/vllm_sim.py")
+L4 = 22560  # an L4's total as torch sees it (tests/contracts/vllm/gpu-memory.json)
+
+
+def plan(catalog_vars: dict[str, Any], gpus: int, *items: dict[str, Any]) -> dict[str, Any]:
+    return d3_plan(list(items), catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], l4_gpus(gpus), "h",
+                   {"api_key_set": True})  # fmt: skip
+
+
+def sim_stop(config: dict[str, Any], tp: int) -> str | None:
+    err = SIM.tensor_parallel_error(config, tp)
+    return None if err is None else f"{err[0]}: {err[1]}"
+
+
+# -- 1. tensor parallel sizes vLLM's divide() refuses ------------------------------------------------------------------
+@pytest.mark.parametrize("tp", [3, 6, 12, 24])
+def test_the_27b_at_a_tp_that_splits_its_heads_but_not_its_gdn_layers_is_refused(catalog_vars: dict[str, Any], tp: int) -> None:
+    """24 attention heads split over 3, 6, 12 and 24; the Gated DeltaNet's conv_dim (2 x 16 x 128 + 48 x 128 = 10,240)
+    does not: vLLM's divide() asserts while the first layer is built."""
+    result = plan(catalog_vars, tp, {"model": "d3", "extra_args": [f"--tensor-parallel-size={tp}"]})
+    assert result["errors"] == [
+        f"host h: d3_models[0] (d3-27b): vLLM refuses to start d3 at --tensor-parallel-size {tp}: 'AssertionError: 10240 is "
+        f"not divisible by {tp}'. Fix: set --tensor-parallel-size to one of 1, 2, 4, 8 in d3_models[0].extra_args"]
+    assert sim_stop(catalog_vars["d3_catalog"]["d3"]["architecture"]["text"], tp) == f"AssertionError: 10240 is not divisible by {tp}"
+
+
+def test_the_27b_at_tp_8_replicates_its_four_kv_heads_and_is_planned(catalog_vars: dict[str, Any]) -> None:
+    """8 ranks, 4 KV heads: vLLM replicates them (Qwen3NextAttention: tp_size % total_num_kv_heads == 0), one per rank;
+    the GDN state halves again while the attention page does not, so the block is 400 tokens, not 784."""
+    text = catalog_vars["d3_catalog"]["d3"]["architecture"]["text"]
+    assert tp_refusal(text, 8) is None and sim_stop(text, 8) is None
+    assert tp_sizes(text) == [1, 2, 4, 8]
+    (inst,) = plan(catalog_vars, 8, {"model": "d3", "extra_args": ["--tensor-parallel-size=8"]})["instances"]
+    assert inst["kv_cache"]["block_size"] == 400
+    assert SIM.kv_layout(text, "auto", 8).block_size == 400
+    assert [SIM.kv_layout(text, "auto", t).block_size for t in (1, 2, 4)] == [784, 784, 784]
+
+
+# (architecture change, tp, vLLM's refusal): each check alone, in vLLM's order
+SPLITS = [
+    ({"num_attention_heads": 24}, 5, "ValueError: Total number of attention heads (24) must be divisible by tensor parallel size (5)."),
+    ({}, 3, "AssertionError: 10240 is not divisible by 3"),
+    # conv_dim 2 x 4 x 128 + 6 x 64 = 1408 and the key dims 512 split over 4; the six value heads do not (A_log)
+    ({"num_attention_heads": 8, "linear_num_key_heads": 4, "linear_num_value_heads": 6, "linear_value_head_dim": 64}, 4,
+     "AssertionError: 6 is not divisible by 4"),
+    # the key dims (2 x 256) split over 4, the two key heads do not: no assertion, the forward's num_k_heads // tp
+    ({"num_attention_heads": 8, "linear_num_key_heads": 2, "linear_key_head_dim": 256, "linear_num_value_heads": 4}, 4,
+     "RuntimeError: the linear-attention key heads (2) do not split over 4 ranks (GatedDeltaNetAttention forward: num_k_heads // tp_size)"),
+    ({"num_attention_heads": 8, "num_key_value_heads": 6, "linear_num_key_heads": 8, "linear_num_value_heads": 8}, 4,
+     "AssertionError: assert self.total_num_kv_heads % tp_size == 0"),
+    ({"num_attention_heads": 12, "num_key_value_heads": 8, "linear_num_key_heads": 12, "linear_num_value_heads": 12}, 12,
+     "AssertionError: assert tp_size % self.total_num_kv_heads == 0"),
+    ({"num_attention_heads": 12, "num_key_value_heads": 4, "linear_num_key_heads": 12, "linear_num_value_heads": 12}, 12, None),
+]
+
+
+@pytest.mark.parametrize(("change", "tp", "refusal"), SPLITS)
+def test_every_split_vllm_checks_on_both_sides(catalog_vars: dict[str, Any], change: dict[str, Any], tp: int, refusal: str | None) -> None:
+    text = {**catalog_vars["d3_catalog"]["d3"]["architecture"]["text"], **change}
+    assert tp_refusal(text, tp) == refusal
+    assert sim_stop(text, tp) == refusal
+
+
+def test_the_simulator_refuses_to_start_at_such_a_tp_in_vllms_words(catalog_vars: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_and_plan: the heads' ValueError before any GPU is looked at (VllmConfig); divide()'s assertion once the
+    model is being built (after the free-memory check, before the weights)."""
+    text = catalog_vars["d3_catalog"]["d3"]["architecture"]["text"]
+    gpus = [SIM.Gpu(i, "NVIDIA L4", f"GPU-{i}", 23034, 0, "580.65", "8.9") for i in range(3)]
+    monkeypatch.setattr(SIM, "free_mib", lambda used: {g.uuid: L4 for g in used})
+    args = SIM.parse_args(["--model", "x", "--max-model-len", "8192", "-tp", "3", "--enforce-eager", "--gpu-memory-utilization", "0.5"])
+    with pytest.raises(SIM.SimExit) as err:
+        SIM.check_and_plan(args, gpus, SIM.Model("vllm-sr/d3", Path("/nonexistent"), {"text_config": text}, 2**30), lambda _: None)
+    assert (err.value.exc_type, err.value.message, err.value.where) == ("AssertionError", "10240 is not divisible by 3", "vllm/distributed/utils.py")
+    heads = {"text_config": {**text, "num_attention_heads": 20}}
+    with pytest.raises(SIM.SimExit) as err:  # no GPU at all: the configuration is refused first
+        SIM.check_and_plan(args, [], SIM.Model("x", Path("/nonexistent"), heads, 2**30), lambda _: None)
+    assert (err.value.exc_type, err.value.message, err.value.where) == (
+        "ValueError", "Total number of attention heads (20) must be divisible by tensor parallel size (3).", "vllm/config/model.py")
+
+
+# -- 2. a context shorter than the attention block ---------------------------------------------------------------------
+def test_a_context_shorter_than_the_block_counts_its_own_tokens(catalog_vars: dict[str, Any]) -> None:
+    """_report_kv_cache_config multiplies by the smallest block_size of the groups; a GDN group's block_size is
+    max_model_len (MambaModelConfig.verify_and_update_config, prefix caching off). The 27B at 512 tokens: 75 blocks
+    per group x 512 = 38,400 tokens, not x 784 = 58,800."""
+    (inst,) = plan(catalog_vars, 2, {"model": "d3", "extra_args": ["--max-model-len=512"]})["instances"]
+    assert inst["kv_cache"]["block_size"] == 784
+    assert inst["kv_cache"]["gpu_kv_cache_tokens"] == 38400
+    text = catalog_vars["d3_catalog"]["d3"]["architecture"]["text"]
+    mem = SIM.startup_memory({"text_config": text}, mib_of_gb(catalog_vars["d3_catalog"]["d3"]["weights_fp8_gb"]) * 2**20, 2, 0.95, L4 * 2**20, 512, fp8=True)
+    assert (mem["tokens"], round(mem["concurrency"], 2)) == (38400, round(inst["kv_cache"]["max_concurrency"], 2))
+    # at the block size and above, the block counts
+    fig = kv_cache_figures(catalog_vars["d3_catalog"]["d3"]["architecture"], {"--max-model-len": 784, "--gpu-memory-utilization": 0.95}, L4, 2, 2 * 13312)
+    assert fig["gpu_kv_cache_tokens"] == fig["num_gpu_blocks"] // 4 * 784
+
+
+# -- 3. max_num_batched_tokens below max_num_seqs --------------------------------------------------------------------
+SEQS = "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)."
+
+
+def test_fewer_batched_tokens_than_max_num_seqs_is_refused_in_vllms_words(catalog_vars: dict[str, Any]) -> None:
+    """SchedulerConfig.verify_max_model_len: `if self.max_num_batched_tokens < self.max_num_seqs: raise ValueError`,
+    chunked prefill or not; with chunked prefill --max-num-batched-tokens may be below --max-model-len."""
+    args = ["--enable-chunked-prefill", "--max-num-batched-tokens=128", "--max-num-seqs=256"]
+    result = plan(catalog_vars, 1, {"model": "d3-lite", "extra_args": args})
+    assert len(result["errors"]) == 1
+    assert f"d3-lite at TP 1 is refused by vLLM at startup: '{SEQS}' (vllm/config/scheduler.py). Fix: in d3_models[0].extra_args remove --max-num-seqs" in result["errors"][0]
+    text = catalog_vars["d3_catalog"]["d3-lite"]["architecture"]["text"]
+    mem = SIM.startup_memory({"text_config": text}, 2**30, 1, 0.25, L4 * 2**20, 8192, batched=128, chunked=True, max_num_seqs=256)
+    assert mem["stop"] == ("ValueError", SEQS)
+
+
+def test_without_max_num_seqs_vllm_lowers_it_to_the_batch(catalog_vars: dict[str, Any]) -> None:
+    """_set_default_max_num_seqs_and_batched_tokens_args: an unset max_num_seqs is min(256, max_num_batched_tokens)."""
+    args = ["--enable-chunked-prefill", "--max-num-batched-tokens=128"]
+    (inst,) = plan(catalog_vars, 1, {"model": "d3-lite", "extra_args": args})["instances"]
+    assert inst["kv_cache"]["max_num_batched_tokens"] == 128
+    text = catalog_vars["d3_catalog"]["d3-lite"]["architecture"]["text"]
+    mem = SIM.startup_memory({"text_config": text}, 2**30, 1, 0.25, L4 * 2**20, 8192, batched=128, chunked=True)
+    assert (mem["stop"], mem["max_num_seqs"]) == (None, 128)
+
+
+def test_max_num_seqs_caps_the_default_batch_and_is_checked_without_chunked_prefill(catalog_vars: dict[str, Any]) -> None:
+    arch = catalog_vars["d3_catalog"]["d3-lite"]["architecture"]
+    # max(512, 2048) capped at 2 x 512
+    fig = kv_cache_figures(arch, {"--max-model-len": 512, "--gpu-memory-utilization": 0.25, "--max-num-seqs": 2}, L4, 1)
+    assert (fig["max_num_batched_tokens"], fig["max_num_seqs"], fig["refusal"]) == (1024, 2, None)
+    fig = kv_cache_figures(arch, {"--max-model-len": 128, "--gpu-memory-utilization": 0.25, "--max-num-seqs": 256,
+                                  "--max-num-batched-tokens": 200}, L4, 1)  # fmt: skip
+    assert fig["refusal"] == {"kind": "max_num_seqs", "message": "max_num_batched_tokens (200) must be greater than or equal to max_num_seqs (256)."}
+    mem = SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.25, L4 * 2**20, 128, batched=200, max_num_seqs=256)
+    assert mem["stop"] == ("ValueError", fig["refusal"]["message"])
+    mem = SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.25, L4 * 2**20, 512, max_num_seqs=2)
+    assert (mem["max_num_batched_tokens"], mem["stop"]) == (1024, None)

@@ -239,16 +239,59 @@ def test_a_generator_too_slow_for_its_schedule_reaches_less_than_offered(fake: t
 
 
 def test_driven_or_not() -> None:
-    base = {"rate": 10.0, "offered_per_s": 10.0, "sent_per_s": 10.0, "lag": {"p50": 100.0}, "p50": 100.0}
+    """Driven: 95 % of the offered rate sent, and the p99 lag under max(1 ms, 5 % of the mean gap): 5 ms at 10/s,
+    6.25 ms at 8/s, the 1 ms floor from 50/s (0.5 ms would be 5 % at 100/s). Both sides of each bound."""
+    base = {"rate": 10.0, "offered_per_s": 10.0, "sent_per_s": 10.0, "lag": {"p50": 1.0, "p99": 4.99}, "p50": 100.0}
     assert bench_load.driven(base, None) == (True, "")
-    assert bench_load.driven({**base, "lag": {"p50": None}}, None) == (True, "")
-    assert bench_load.driven({**base, "p50": None, "lag": {"p50": 1e6}}, None) == (True, "")  # no answer: the rate decides
+    assert bench_load.driven({**base, "lag": {"p99": None}}, None) == (True, "")  # nothing sent: the rate decides
     assert bench_load.driven({**base, "sent_per_s": 9.5}, None) == (True, "")  # 95 % is enough
     limit = {"sent_per_s": 800.0}
     assert bench_load.driven({**base, "sent_per_s": 9.4}, limit) == (
         False, "the generator sent 9.4/s of 10/s offered; the generator's own limit, measured in this run: 800/s")
-    assert bench_load.driven({**base, "lag": {"p50": 100.1}}, None) == (
-        False, "the generator's median lag 100.1 ms exceeds the median latency from the send 100 ms")
+    assert bench_load.driven({**base, "lag": {"p99": 5.0}}, limit) == (
+        False, "the generator's p99 lag 5 ms is not under max(1 ms, 5 % of the mean gap) = 5 ms; the generator's own "
+               "limit, measured in this run: 800/s")
+    # a median lag far below the latency no longer makes a level driven: the old rule let 99 ms of lag pass here
+    assert bench_load.driven({**base, "lag": {"p50": 99.0, "p99": 99.0}}, None)[0] is False
+    fast = {**base, "rate": 100.0, "offered_per_s": 100.0, "sent_per_s": 100.0}
+    assert bench_load.driven({**fast, "lag": {"p99": 0.99}}, None) == (True, "")
+    assert bench_load.driven({**fast, "lag": {"p99": 1.0}}, None)[0] is False
+    assert [bench_load.lag_bound_ms(r) for r in (8.0, 10.0, 20.0, 50.0, 100.0, 1000.0)] == [6.25, 5.0, 2.5, 1.0, 1.0, 1.0]
+
+
+def test_requests_never_sent_are_censored_in_the_latency_from_the_schedule() -> None:
+    """The window [10, 20] s of an open loop due at 10: eight answers from the schedule (100..800 ms) and two requests
+    never sent, due at 19 and 19.5 s, so they waited at least 1000 and 500 ms by the window's end. n = 10; p50
+    (ranks 5 and 6: 500 observed, 500 censored) and p99 (ranks 9 and 10: 800, 1000 censored: 982) reach them and are
+    lower bounds; without the censoring p99 would be 793 ms, below a request still waiting at 1000."""
+    recs = [{"sent": 10.0 + i, "received": 10.0 + i + 0.1 * i, "status": 200, "ms": 50.0, "ms_from_schedule": 100.0 * i,
+             "scheduled_s": float(i), "input_tokens": None} for i in range(1, 9)]
+    recs += [{"sent": None, "received": None, "status": None, "ms": None, "scheduled_s": at, "not_sent": True}
+             for at in (9.0, 9.5)]
+    recs += [{"sent": None, "received": None, "status": None, "ms": None, "scheduled_s": 0.5, "not_sent": True}]  # ramp
+    out = bench_load.window_figures(recs, 11.0, 20.0, 4, 300.0, "ms_from_schedule", due=10.0)
+    assert (out["n"], out["censored"], out["p50"], out["p99"]) == (10, 2, 500.0, 982.0)
+    assert out["lower_bound"] == ["mean", "p50", "p95", "p99", "max"] and out["min"] == 100.0
+    assert [r["window"] for r in recs[-3:]] == ["in", "in", "ramp"]
+    assert (out["requests_per_s"], out["good"]) == (round(8 / 9.0, 2), 3)  # the rates: answers only
+    assert bench_load.summary([100.0 * i for i in range(1, 9)])["p99"] == 793.0  # what leaving them out said
+    send = bench_load.window_figures(recs, 11.0, 20.0, 4, 300.0, "ms", due=10.0)
+    assert send["n"] == 8 and "censored" not in send  # latency from the send: of what was sent
+
+
+def test_an_open_level_s_schedule_figures_carry_the_censored(fake: tuple[type[Fake], Clock]) -> None:
+    """One slot held for the whole level: the first request out, the rest never sent; from the schedule they are
+    censored at the schedule's end and every percentile is a lower bound, in rate_level's and open_levels' figures."""
+    fk, _ = fake
+    fk.SCRIPT, fk.HOLD = [(-8, b"", 1.0)], threading.Event()
+    try:
+        row = bench_load.rate_level(TARGET, "/p", b"{}", 20.0, 0.5, 0.0, 4, bench_load.Recorder(), max_inflight=1)
+    finally:
+        fk.HOLD.set()
+    schedule = bench_load.arrivals(20.0, 0.5, 4)
+    assert row["from_schedule"]["censored"] == row["not_sent"] == len(schedule) - 1
+    assert row["from_schedule"]["max"] == round((0.5 - schedule[1]) * 1000.0, 1) and "p50" in row["from_schedule"]["lower_bound"]
+    assert sum(1 for r in row["_recs"] if r.get("not_sent")) == row["not_sent"]
 
 
 def test_the_generator_limit_is_measured_against_a_canned_local_server() -> None:

@@ -187,6 +187,16 @@ def test_load_open_loop_against_the_offered_rate_only(figures: list[Any], tmp_pa
     finished(fig, "Open loop (Poisson arrivals): latency from the schedule and from the send", simulated=False)
 
 
+def test_load_marks_a_censored_p50_as_a_lower_bound(figures: list[Any], tmp_path: Path) -> None:
+    rate = [{"offered_per_s": 4.0, "p50": 80.0, "goodput_per_s": 4.0, "from_schedule": {"p50": 81.0, "lower_bound": ["p99"]}},
+            {"offered_per_s": 60.0, "p50": 90.0, "goodput_per_s": 5.0, "from_schedule": {"p50": 900.0, "lower_bound": ["p50"]}}]
+    bench_plot.load({"simulated": False, "instances": [inst("m", rate=rate)]}, {}, str(tmp_path / "load.png"))
+    (fig,) = figures
+    sched, above, _send = fig.axes[0].collections
+    assert sched.get_offsets().tolist() == [[4.0, 81.0]] and above.get_offsets().tolist() == [[60.0, 900.0]]
+    assert above.get_label() == "h1/m (d3-m) p50 from the schedule, a lower bound (requests never sent)"
+
+
 # --------------------------------------------------------------------------------------------- the module
 REPORT = {"simulated": False, "suite": {"name": "s", "questions": 1},
           "instances": [inst("a", throughput=[thr(1, 5.0, 6.0)], latency={"q4": {"p50": 5.0}},

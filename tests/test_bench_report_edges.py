@@ -388,7 +388,8 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
                            "metrics": {"before": {"vllm:num_requests_running": None}}}],
               rate=[{"rate": 8.0, "offered_per_s": 7.5, "requests_per_s": 6.0, "p50": 700.0, "p99": 2500.0, "n": 15,
                      "errors": 0, "goodput_per_s": 1.2, "sent_per_s": 7.5, "not_sent": 0, "driven": True,
-                     "lag": {"p50": 0.4, "p99": 2.5}, "from_schedule": {"n": 15, "p50": 701.0, "p99": 2600.0}},
+                     "lag": {"p50": 0.4, "p99": 2.5}, "from_schedule": {"n": 15, "p50": 701.0, "p99": 2600.0,
+                     "interval": {"p50": [650.0, None]}, "censored": 1, "lower_bound": ["p50", "p99"]}},
                     {"rate": 2000.0, "offered_per_s": 1990.0, "requests_per_s": 50.0, "p50": 50.0, "n": 500,
                      "errors": 9, "sent_per_s": 1010.0, "not_sent": 9, "driven": False, "lag": {"p50": 984.0, "p99": 1900.0},
                      "not_driven": "the generator sent 1010/s of 1990/s offered"}],
@@ -465,15 +466,19 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
         '',
         'Request rate [SIMULATED], open loop (Poisson arrivals, due on schedule whatever the answers do)',
         '  latency from the schedule (the intended send time: what a client arriving then waited) and from the actual'
-        ' send; lag: how late the generator sent; its first tenth (ramp) and the answers after the schedule (drain)'
-        ' are outside the window; goodput judged from the schedule',
+        ' send; lag: how late the dispatcher started each request after its intended time; its first tenth (ramp) and'
+        ' the answers after the schedule (drain) are outside the window; goodput judged from the schedule',
+        "  requests never sent that were due in the window count in the latency from the schedule, censored at the"
+        " window's end (each waited at least end - intended time): a figure reaching them is printed '>= X'",
+        '  NOT DRIVEN: sent under 95 % of the offered rate, or a p99 lag (the dispatcher\'s start of a request after its'
+        ' intended time) of max(1 ms, 5 % of the mean gap) or more',
         "  the generator's own limit, measured in this run: h/a (m-a) [SIMULATED] 1100/s (probe 20000/s)",
         'Instance               rate                     figures',
-        'h/a (m-a) [SIMULATED]  8/s (offered 7.5)        6.0 req/s goodput 1.2/s | from schedule p50 701 p99 (n too'
-        ' small) ms | from send p50 700 p99 (n too small) ms n=15 | sent 7.5/s, lag p50 0 p99 2 ms, not sent 0 | err 0'
-        ' | -',
+        'h/a (m-a) [SIMULATED]  8/s (offered 7.5)        6.0 req/s goodput 1.2/s | from schedule p50 >= 701 [650-inf]'
+        ' p99 (n too small) ms | from send p50 700 p99 (n too small) ms n=15 | sent 7.5/s, lag p50 0.4 p99 2.5 ms, not'
+        ' sent 0 | err 0 | -',
         'h/a (m-a) [SIMULATED]  2000/s (offered 1990.0)  NOT DRIVEN: the generator sent 1010/s of 1990/s offered (sent'
-        ' 1010/s, lag p50 984 p99 1900 ms, not sent 9): no server figure',
+        ' 1010/s, lag p50 984.0 p99 1900.0 ms, not sent 9): no server figure',
         '',
         "GPUs and memory [SIMULATED] (nvidia-smi after the load; a shared GPU's use split by planned budgets)",
         'Instance               GPUs  used MiB  planned MiB  shares GPUs with',

@@ -413,13 +413,17 @@ def _ms(x: Any) -> str:
 
 def _pct(fig: dict[str, Any], q: str) -> str:
     """A percentile with its distribution-free 95 % interval; one whose n is too small for that interval
-    (d3_bench_stats.min_n: p50 6, p95 72, p99 368) shown as "n too small", not as a number."""
+    (d3_bench_stats.min_n: p50 6, p95 72, p99 368) shown as "n too small", not as a number; one that reaches a
+    censored latency (a request never sent: `lower_bound`) as ">= X", its interval's open upper end as "inf"."""
     if fig.get(q) is None:
         return "-"
     if int(fig.get("n") or 0) < min_n(float(q[1:])):
         return "(n too small)"
     ci = (fig.get("interval") or {}).get(q)
-    return f"{fig[q]:.0f} [{ci[0]:.0f}-{ci[1]:.0f}]" if ci else f"{fig[q]:.0f}"
+    value = f"{'>= ' if q in (fig.get('lower_bound') or []) else ''}{fig[q]:.0f}"
+    if not ci:
+        return value
+    return f"{value} [{ci[0]:.0f}-{'inf' if ci[1] is None else format(ci[1], '.0f')}]"
 
 
 def _lat(fig: dict[str, Any]) -> str:
@@ -492,8 +496,8 @@ def _open(t: dict[str, Any]) -> str:
     and what it never sent; a level the generator could not drive says so instead of giving the server's figures."""
     sched = t.get("from_schedule") or {}
     lag = t.get("lag") or {}
-    head = (f"sent {t.get('sent_per_s', 0):g}/s, lag p50 {_num_or_dash(lag.get('p50'), '{:.0f}')} p99 "
-            f"{_num_or_dash(lag.get('p99'), '{:.0f}')} ms, not sent {t.get('not_sent', 0)}")
+    head = (f"sent {t.get('sent_per_s', 0):g}/s, lag p50 {_num_or_dash(lag.get('p50'), '{:.1f}')} p99 "
+            f"{_num_or_dash(lag.get('p99'), '{:.1f}')} ms, not sent {t.get('not_sent', 0)}")
     if t.get("driven") is False:
         return f"NOT DRIVEN: {t.get('not_driven')} ({head}): no server figure"
     good = f" goodput {t['goodput_per_s']:.1f}/s" if t.get("goodput_per_s") is not None else ""
@@ -584,8 +588,13 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
                   for i in insts if i.get("generator_limit")]
         lines += ["", f"Request rate{tag}, open loop (Poisson arrivals, due on schedule whatever the answers do)",
                   "  latency from the schedule (the intended send time: what a client arriving then waited) and from the "
-                  "actual send; lag: how late the generator sent; its first tenth (ramp) and the answers after the "
+                  "actual send; lag: how late the dispatcher started each request after its intended time; its first tenth "
+                  "(ramp) and the answers after the "
                   "schedule (drain) are outside the window; goodput judged from the schedule",
+                  "  requests never sent that were due in the window count in the latency from the schedule, censored at "
+                  "the window's end (each waited at least end - intended time): a figure reaching them is printed '>= X'",
+                  "  NOT DRIVEN: sent under 95 % of the offered rate, or a p99 lag (the dispatcher's start of a request "
+                  "after its intended time) of max(1 ms, 5 % of the mean gap) or more",
                   f"  the generator's own limit, measured in this run: {'; '.join(limits) or '-'}"]
         lines += _grid(("Instance", "rate", "figures"), rows)
 

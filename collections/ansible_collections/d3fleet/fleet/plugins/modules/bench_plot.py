@@ -19,8 +19,9 @@ description:
   - C(<prefix>-reliability.<format>) - the confidence of the answer given, in bins, against the accuracy observed
     in each (with its interval), the diagonal being perfect calibration.
   - C(<prefix>-load.<format>) (when the report has an open-loop pass) - against the offered request rate only,
-    as points (no line between levels), p50 latency from the schedule (filled) and from the send (hollow) and the
-    goodput; a level the generator could not drive is a grey x with no figure.
+    as points (no line between levels), p50 latency from the schedule (filled; a triangle pointing up where it is a
+    lower bound, requests never sent being censored) and from the send (hollow) and the goodput; a level the
+    generator could not drive is a grey x with no figure.
   - Legends sit outside the axes. When the report is simulated (the lab's simulator) every plot says SIMULATED in
     its title and across its area.
 options:
@@ -207,16 +208,22 @@ def reliability(report: dict, published: dict, path: str) -> None:
 
 def load(report: dict, published: dict, path: str) -> None:
     """The open loop only, against the OFFERED rate (one x quantity): p50 latency from the schedule (filled) and from
-    the send (hollow), and goodput; points, not lines (two levels say nothing of what lies between them); a level the
-    generator could not drive is drawn as a grey x and labelled so, without its latency."""
+    the send (hollow), and goodput; points, not lines (two levels say nothing of what lies between them); a p50 from
+    the schedule that is only a lower bound (it reaches requests never sent, censored) is a filled triangle pointing
+    up; a level the generator could not drive is drawn as a grey x and labelled so, without its latency."""
     fig, (lat, good) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
     for n, inst in enumerate(i for i in _healthy(report) if i.get("rate")):
         colour = f"C{n}"
         rows = sorted(inst["rate"], key=lambda t: t["offered_per_s"])
         ok = [t for t in rows if t.get("driven", True) and t.get("p50") is not None]
         bad = [t for t in rows if t.get("driven") is False]
-        lat.scatter([t["offered_per_s"] for t in ok], [(t.get("from_schedule") or t)["p50"] for t in ok], marker="o",
+        exact = [t for t in ok if "p50" not in ((t.get("from_schedule") or {}).get("lower_bound") or [])]
+        above = [t for t in ok if t not in exact]
+        lat.scatter([t["offered_per_s"] for t in exact], [(t.get("from_schedule") or t)["p50"] for t in exact], marker="o",
                     color=colour, label=f"{_who(inst)} p50 from the schedule")
+        if above:
+            lat.scatter([t["offered_per_s"] for t in above], [t["from_schedule"]["p50"] for t in above], marker="^",
+                        color=colour, label=f"{_who(inst)} p50 from the schedule, a lower bound (requests never sent)")
         lat.scatter([t["offered_per_s"] for t in ok], [t["p50"] for t in ok], marker="o", facecolors="none",
                     edgecolors=colour, label=f"{_who(inst)} p50 from the send")
         good.scatter([t["offered_per_s"] for t in ok], [t.get("goodput_per_s") or 0 for t in ok], marker="o", color=colour,

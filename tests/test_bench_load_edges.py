@@ -377,7 +377,8 @@ def test_questions_per_s_is_rounded_to_2_places(timed: type[Timed], monkeypatch:
                                   "goodput_per_s": None, "input_tokens_per_s": None, "n": 0, "mean": None, "min": None,
                                   "p50": None, "p95": None, "p99": None, "max": None, "interval": NONE,
                                   "unsupported": ["p50", "p95", "p99"], "window": {"ramp_s": 0.2, "length_s": 0.8},
-                                  "runs": [{"run": 1, "requests_per_s": 0.0, "goodput_per_s": None, "p50": None, "n": 0}],
+                                  "runs": [{"run": 1, "requests_per_s": 0.0, "goodput_per_s": None, "p50": None, "p95": None,
+                                            "p99": None, "n": 0}], "run_level": None,
                                   "metrics": {}}]
 
 

@@ -327,9 +327,32 @@ def test_runs_are_pooled_and_kept() -> None:
     two = {"q4": {"questions": 4, "samples_ms": [20.0], "errors": 1, "n": 1, "p50": 20.0, "mean": 20.0}}
     out = bench_load.pool_runs([one, two])["q4"]
     assert out["samples_ms"] == [10.0, 12.0, 20.0] and out["errors"] == 1 and out["n"] == 3 and out["p50"] == 12.0
-    assert out["runs"] == [{"run": 1, "n": 2, "p50": 11.0, "mean": 11.0, "errors": 0},
-                           {"run": 2, "n": 1, "p50": 20.0, "mean": 20.0, "errors": 1}]
-    assert bench_load.pool_runs([]) == {}
+    assert out["runs"] == [{"run": 1, "n": 2, "p50": 11.0, "p95": None, "p99": None, "mean": 11.0, "errors": 0},
+                           {"run": 2, "n": 1, "p50": 20.0, "p95": None, "p99": None, "mean": 20.0, "errors": 1}]
+    # 2 and 1 samples a run: too few for any percentile's run-level interval (p50 needs 6 a run)
+    assert out["run_level"] == {"k": 2, "p50": None, "p95": None, "p99": None, "interval": {"p50": None, "p95": None, "p99": None}}
+    assert bench_load.pool_runs([]) == {} and bench_load.pool_runs([one])["q4"]["run_level"] is None
+
+
+def test_run_level_interval_over_the_runs() -> None:
+    """Three runs of 72 samples: p50 and p95 have every run's n they need (6, 72), p99 (368) does not; each gets the
+    mean of the runs' percentiles and its t interval over the 3 runs (scipy.stats.t.interval(0.95, 2, loc=mean,
+    scale=sd / sqrt(3))); the table prints it 'over 3 runs' instead of the pooled order-statistic interval."""
+    runs = [{"n": 72, "p50": 100.0, "p95": 150.0, "p99": 170.0}, {"n": 72, "p50": 110.0, "p95": 160.0, "p99": 180.0},
+            {"n": 80, "p50": 105.0, "p95": 155.0, "p99": 175.0}]
+    out = bench_load.run_level(runs)
+    half = 4.302652729749464 * 5.0 / 3**0.5  # t(0.975, 2) x sd 5 / sqrt(3)
+    assert out == {"k": 3, "p50": 105.0, "p95": 155.0, "p99": None,
+                   "interval": {"p50": [round(105 - half, 1), round(105 + half, 1)],
+                                "p95": [round(155 - half, 1), round(155 + half, 1)], "p99": None}}
+    assert bench_load.run_level(runs[:1]) is None
+    assert bench_load.run_level([{**runs[0], "p50": None}, runs[1]])["interval"]["p50"] is None
+    from ansible_collections.d3fleet.fleet.plugins.filter import d3_bench
+
+    fig = {"n": 216, "p50": 104.0, "p95": 157.0, "p99": 178.0, "interval": {"p50": [101.0, 108.0], "p95": [152.0, 162.0]},
+           "run_level": out}
+    assert d3_bench._pct(fig, "p50") == "105 [93-117 over 3 runs]" and d3_bench._pct(fig, "p95") == "155 [143-167 over 3 runs]"
+    assert d3_bench._pct(fig, "p99") == "(n too small)" and d3_bench._pct({**fig, "run_level": None}, "p50") == "104 [101-108]"
 
 
 def test_repeats_interleave_the_levels_and_keep_each_run(fake: tuple[type[Fake], Clock], monkeypatch: pytest.MonkeyPatch) -> None:

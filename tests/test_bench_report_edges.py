@@ -420,7 +420,11 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
     assert b.bench_table(report, published) == [
         "SIMULATED: these endpoints are the lab's vLLM simulator (a stand-in); no figure below is a property of D3.",
         '',
-        'Latency [SIMULATED] (p50 / p95 / p99 [distribution-free 95 % interval] and n, one request at a time)',
+        'Latency [SIMULATED] (p50 / p95 / p99 [95 % interval] and n, one request at a time)',
+        "  with 2 runs or more, where every run's n allows the percentile: the mean of the runs' percentiles, its t"
+        " interval over the runs ('over k runs': the run is the unit)",
+        "  else the pooled samples' percentile and its order-statistic interval, which assumes independent samples"
+        " (latencies in a run are autocorrelated: too narrow)",
         "  a percentile is shown where n allows its interval (order statistics: p50 n >= 6, p95 72, p99 368), else '(n too small)'",
         'Config                          2-question latency                          4-question latency',
         'h/a (m-a) [SIMULATED]           240 [230-250] / (n too small) / - ms, n=25  470 [460-480] / 480 [475-499] /'
@@ -457,6 +461,8 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
         'Throughput [SIMULATED], closed loop (? s per level, 4-question requests)',
         '  each level after its warm-up; its first fifth (the ramp) and the answers after its end (the drain) are'
         ' outside its window: rates over the window, latency of the requests sent in it',
+        "  percentile intervals: over the runs ('over k runs') with 2 runs or more, else order statistics of the"
+        " pooled samples (assume independent samples: too narrow for autocorrelated latencies)",
         "  goodput: answers within - ms per s; after |: the server's /metrics (halfway; queue: over the level)",
         'Instance               concurrency  figures',
         'h/a (m-a) [SIMULATED]  1            2.0 req/s p50 - p99 - ms n=0 err 0 | no vLLM metrics',
@@ -465,6 +471,8 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
         'h/b (m-b)              16           30.0 req/s (3 runs) p50 - p99 (n too small) ms n=0 err 0 | -',
         '',
         'Request rate [SIMULATED], open loop (Poisson arrivals, due on schedule whatever the answers do)',
+        '  one run per rate: percentile intervals from order statistics, which assume independent samples (too narrow'
+        ' for autocorrelated latencies)',
         '  latency from the schedule (the intended send time: what a client arriving then waited) and from the actual'
         ' send; lag: how late the dispatcher started each request after its intended time; its first tenth (ramp) and'
         ' the answers after the schedule (drain) are outside the window; goodput judged from the schedule',
@@ -492,7 +500,11 @@ def test_table_whole_with_gaps_published_rows_and_unhealthy_instances() -> None:
 def test_table_of_a_measured_report_without_published_rows() -> None:
     report = {"suite": {"name": "t", "cases": 1, "questions": 1}, "settings": {"duration_s": 2.5}, "instances": [entry("z", False)]}
     assert b.bench_table(report) == [
-        'Latency (p50 / p95 / p99 [distribution-free 95 % interval] and n, one request at a time)',
+        'Latency (p50 / p95 / p99 [95 % interval] and n, one request at a time)',
+        "  with 2 runs or more, where every run's n allows the percentile: the mean of the runs' percentiles, its t"
+        " interval over the runs ('over k runs': the run is the unit)",
+        "  else the pooled samples' percentile and its order-statistic interval, which assumes independent samples"
+        " (latencies in a run are autocorrelated: too narrow)",
         "  a percentile is shown where n allows its interval (order statistics: p50 n >= 6, p95 72, p99 368), else '(n too small)'",
         'Config     2-question latency  4-question latency',
         'h/z (m-z)  -                   -',
@@ -517,6 +529,8 @@ def test_table_of_a_measured_report_without_published_rows() -> None:
         'Throughput, closed loop (2.5 s per level, 4-question requests)',
         '  each level after its warm-up; its first fifth (the ramp) and the answers after its end (the drain) are'
         ' outside its window: rates over the window, latency of the requests sent in it',
+        "  percentile intervals: over the runs ('over k runs') with 2 runs or more, else order statistics of the"
+        " pooled samples (assume independent samples: too narrow for autocorrelated latencies)",
         "  goodput: answers within - ms per s; after |: the server's /metrics (halfway; queue: over the level)",
         'Instance  concurrency  figures',
         '',

@@ -412,9 +412,16 @@ def _ms(x: Any) -> str:
 
 
 def _pct(fig: dict[str, Any], q: str) -> str:
-    """A percentile with its distribution-free 95 % interval; one whose n is too small for that interval
-    (d3_bench_stats.min_n: p50 6, p95 72, p99 368) shown as "n too small", not as a number; one that reaches a
-    censored latency (a request never sent: `lower_bound`) as ">= X", its interval's open upper end as "inf"."""
+    """A percentile with its 95 % interval. With 2 runs or more where each run's n supports it (`run_level`): the
+    mean of the runs' percentiles and its t interval over the runs, "X [lo-hi over k runs]". Otherwise the pooled
+    samples' percentile with its distribution-free interval (order statistics, which assume independent samples);
+    one whose n is too small for that interval (d3_bench_stats.min_n: p50 6, p95 72, p99 368) shown as "n too small",
+    not as a number; one that reaches a censored latency (a request never sent: `lower_bound`) as ">= X", its
+    interval's open upper end as "inf"."""
+    runs = fig.get("run_level") or {}
+    if (runs.get("interval") or {}).get(q):
+        lo, hi = runs["interval"][q]
+        return f"{runs[q]:.0f} [{lo:.0f}-{hi:.0f} over {runs['k']} runs]"
     if fig.get(q) is None:
         return "-"
     if int(fig.get("n") or 0) < min_n(float(q[1:])):
@@ -526,7 +533,11 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
     rows = [(who(i), *(_lat(i["latency"].get(q) or {}) for q in ("q2", "q4"))) for i in insts]
     rows += [(f"{p['config']} [published: {p.get('source', 'field report')}]", f"~{p['q2_ms']}ms" if p.get("q2_ms") else "-",
               f"~{p['q4_ms']}ms" if p.get("q4_ms") else "-") for p in published.get("latency") or []]
-    lines += [f"Latency{tag} (p50 / p95 / p99 [distribution-free 95 % interval] and n, one request at a time)",
+    lines += [f"Latency{tag} (p50 / p95 / p99 [95 % interval] and n, one request at a time)",
+              "  with 2 runs or more, where every run's n allows the percentile: the mean of the runs' percentiles, its "
+              "t interval over the runs ('over k runs': the run is the unit)",
+              "  else the pooled samples' percentile and its order-statistic interval, which assumes independent samples "
+              "(latencies in a run are autocorrelated: too narrow)",
               f"  a percentile is shown where n allows its interval (order statistics: p50 n >= {min_n(50)}, p95 "
               f"{min_n(95)}, p99 {min_n(99)}), else '(n too small)'"]
     lines += _grid(("Config", "2-question latency", "4-question latency"), rows)
@@ -577,6 +588,8 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
               "4-question requests)",
               "  each level after its warm-up; its first fifth (the ramp) and the answers after its end (the drain) are "
               "outside its window: rates over the window, latency of the requests sent in it",
+              "  percentile intervals: over the runs ('over k runs') with 2 runs or more, else order statistics of the "
+              "pooled samples (assume independent samples: too narrow for autocorrelated latencies)",
               f"  goodput: answers within {slo or '-'} ms per s; after |: the server's /metrics (halfway; queue: over the level)"]
     lines += _grid(("Instance", "concurrency", "figures"), rows)
     rows = []
@@ -587,6 +600,8 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
         limits = [f"{who(i)} {i['generator_limit']['sent_per_s']:g}/s (probe {i['generator_limit']['probe_rate']:g}/s)"
                   for i in insts if i.get("generator_limit")]
         lines += ["", f"Request rate{tag}, open loop (Poisson arrivals, due on schedule whatever the answers do)",
+                  "  one run per rate: percentile intervals from order statistics, which assume independent samples "
+                  "(too narrow for autocorrelated latencies)",
                   "  latency from the schedule (the intended send time: what a client arriving then waited) and from the "
                   "actual send; lag: how late the dispatcher started each request after its intended time; its first tenth "
                   "(ramp) and the answers after the "

@@ -195,16 +195,20 @@ results:
       type: list
     latency:
       description: Per label, C({questions, samples_ms, errors, n, mean, min, p50, p95, p99, max, interval,
-        unsupported, runs}) (ms) over every run's samples; C(runs) one C({run, n, p50, mean, errors}) per run.
+        unsupported, runs, run_level}) (ms) over every run's samples (C(interval) from their order statistics, which
+        assume independent samples); C(runs) one C({run, n, p50, p95, p99, mean, errors}) per run; C(run_level),
+        with 2 runs or more, C({k, p50, p95, p99, interval}) - the mean of the runs' percentiles and its 95 % t
+        interval over the runs (the run is the unit), null where a run's n is too small for that percentile.
       type: dict
     throughput:
       description: One item per concurrency level, C({concurrency, questions, requests, errors, error_examples,
         elapsed_s, requests_per_s, questions_per_s, goodput_per_s, good, input_tokens_per_s, metrics, n, mean,
         min, p50, p95, p99, max, interval, unsupported, window, runs}); rates over the level's windows, the
-        percentiles of the successful requests sent inside them, C(interval) their distribution-free 95 % intervals,
-        C(unsupported) the percentiles their n is too small for, C(runs) each run's C({run, requests_per_s,
-        goodput_per_s, p50, n}); C(metrics) is C({before, during, after}) of the last run, each vLLM metric name ->
-        value (null when the server has none).
+        percentiles of the successful requests sent inside them, C(interval) their distribution-free 95 % intervals
+        (order statistics: they assume independent samples), C(unsupported) the percentiles their n is too small
+        for, C(runs) each run's C({run, requests_per_s, goodput_per_s, p50, p95, p99, n}), C(run_level) as for
+        C(latency); C(metrics) is C({before, during, after}) of the last run, each vLLM metric name -> value (null
+        when the server has none).
       type: list
     rate:
       description: One item per request rate, as O(concurrency)'s items (from the send) with C(rate), C(scheduled),
@@ -235,7 +239,14 @@ import time
 import urllib.parse
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats import METRICS, parse_metrics, summary
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats import (
+    METRICS,
+    PERCENTILES,
+    min_n,
+    parse_metrics,
+    run_interval,
+    summary,
+)
 
 
 class Client:
@@ -374,19 +385,41 @@ def latency_pass(client: Client, path: str, model: str, requests: list[dict], sa
     return out
 
 
+def run_level(runs: list[dict]) -> dict | None:
+    """The run-level figures of k >= 2 runs (the run is the unit): per percentile the mean of the runs' own
+    percentiles and its 95 % t interval over the runs (d3_bench_stats.run_interval), where every run's n supports
+    that percentile (min_n: p50 6, p95 72, p99 368 samples a run), else None. Samples inside a run are autocorrelated,
+    so the order-statistic interval of the pooled samples is too narrow; runs are close to independent. None for one
+    run."""
+    if len(runs) < 2:
+        return None
+    out: dict = {"k": len(runs), "interval": {}}
+    for q in PERCENTILES:
+        key = f"p{q}"
+        values = [r.get(key) for r in runs]
+        ok = all(v is not None and int(r.get("n") or 0) >= min_n(q) for r, v in zip(runs, values, strict=True))
+        ci = run_interval(values) if ok else None
+        out[key] = round(sum(values) / len(values), 1) if ci else None
+        out["interval"][key] = [round(ci[0], 1), round(ci[1], 1)] if ci else None
+    return out
+
+
 def pool_runs(runs: list[dict]) -> dict:
-    """The latency passes of one target (one per run) as one figure per label: the pooled samples' summary, and
-    `runs`, each run's own {run, n, p50, mean, errors} - the run-level figures bench-compare judges (the spread between
-    runs is measured from them, not assumed)."""
+    """The latency passes of one target (one per run) as one figure per label: the pooled samples' summary, `runs`,
+    each run's own {run, n, p50, p95, p99, mean, errors} - the run-level figures bench-compare judges (the spread
+    between runs is measured from them, not assumed) - and `run_level` (run_level(): the mean of the runs'
+    percentiles with its t interval over the runs; None for one run)."""
     out: dict = {}
     for n, passes in enumerate(runs, start=1):
         for label, fig in passes.items():
             slot = out.setdefault(label, {"questions": fig["questions"], "samples_ms": [], "errors": 0, "runs": []})
             slot["samples_ms"] += fig["samples_ms"]
             slot["errors"] += fig["errors"]
-            slot["runs"].append({"run": n, "n": fig["n"], "p50": fig["p50"], "mean": fig["mean"], "errors": fig["errors"]})
+            slot["runs"].append({"run": n, "n": fig["n"], "p50": fig["p50"], "p95": fig.get("p95"), "p99": fig.get("p99"),
+                                 "mean": fig["mean"], "errors": fig["errors"]})
     for slot in out.values():
         slot.update(summary(slot["samples_ms"]))
+        slot["run_level"] = run_level(slot["runs"])
     return out
 
 
@@ -717,7 +750,8 @@ def closed_levels(p: dict, target: dict, payload: bytes, questions: int, rec: Re
                     **summary([r["ms"] for r in kept if r["status"] == 200]),
                     "window": {"ramp_s": round(ramp, 3), "length_s": round(p["duration_s"] - ramp, 3)},
                     "runs": [{"run": n, "requests_per_s": f["requests_per_s"], "goodput_per_s": f["goodput_per_s"],
-                              "p50": f["p50"], "n": f["n"]} for n, f in enumerate(figs, start=1)],
+                              "p50": f["p50"], "p95": f["p95"], "p99": f["p99"], "n": f["n"]} for n, f in enumerate(figs, start=1)],
+                    "run_level": run_level(figs),
                     "metrics": runs[-1][1]})
     return out
 

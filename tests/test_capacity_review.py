@@ -148,3 +148,52 @@ def test_max_num_seqs_caps_the_default_batch_and_is_checked_without_chunked_pref
     assert mem["stop"] == ("ValueError", fig["refusal"]["message"])
     mem = SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.25, L4 * 2**20, 512, max_num_seqs=2)
     assert (mem["max_num_batched_tokens"], mem["stop"]) == (1024, None)
+
+
+# -- 4. processes sharing a GPU: each holds its share and a CUDA context -------------------------------------------------
+def edges(count: int, util: str) -> list[dict[str, Any]]:
+    return [{"model": "d3-edge", "name": f"e{i}", "gpus": [0], "extra_args": [f"--gpu-memory-utilization={util}"]}
+            for i in range(count)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("count", "util", "free"), [(6, "0.15", "2.51"), (4, "0.23", "4.83")])
+def test_shares_within_the_cap_that_vllm_refuses_beside_the_others_contexts(catalog_vars: dict[str, Any], count: int, util: str, free: str) -> None:
+    """Six d3-edge at 0.15 (0.90 in shares) or four at 0.23 (0.92) pass d3_gpu_share_cap 0.92; vLLM does not start the
+    last: Worker.init_device compares torch's free memory (22,560 MiB less this process's CUDA context and, per other
+    process, its share and context) with its own share."""
+    (error,) = plan(catalog_vars, 1, *edges(count, util))["errors"]
+    share = int(L4 * 2**20 * float(util)) / 2**30
+    assert (f"d3_models[{count - 1}] (e{count - 1}): vLLM refuses to start it on GPU 0 after " in error
+            and f"'ValueError: Free memory on device cuda:0 ({free}/22.03 GiB) on startup is less than desired GPU memory "
+            f"utilization ({util}, {share:.2f} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.'" in error)  # fmt: skip
+    # one fewer starts: 22,560 - 512 - (count - 2) x (share + 512) covers the share
+    assert plan(catalog_vars, 1, *edges(count - 1, util))["errors"] == []
+
+
+def test_automatic_placement_uses_vllms_free_memory_too(catalog_vars: dict[str, Any]) -> None:
+    items = [{"model": "d3-edge", "name": f"e{i}", "extra_args": ["--gpu-memory-utilization=0.15"]} for i in range(6)]
+    (error,) = plan(catalog_vars, 1, *items)["errors"]
+    assert "d3_models[5] (e5): vLLM refuses to start it on GPU 0" in error and "Fix: move d3_models[5]" in error
+    assert [i["gpus"] for i in plan(catalog_vars, 2, *items)["instances"]] == [[0]] * 5 + [[1]]
+
+
+def test_the_budget_lines_print_vllms_total(catalog_vars: dict[str, Any]) -> None:
+    result = plan(catalog_vars, 1, *edges(5, "0.15"))
+    (gpu,) = result["gpus"]
+    assert (gpu["memory_total_mib"], gpu["vllm_total_mib"], gpu["budget_mib"], gpu["cuda_context_mib"]) == (23034, 22560, 5 * 3384, 5 * 512)
+    assert gpu["free_mib"] == 22560 - 5 * 3384 - 5 * 512
+    refused = plan(catalog_vars, 1, *edges(6, "0.15"))
+    assert refused["partial"][-1].startswith("GPU 0: 16920/22560 MiB in shares (")
+
+
+def test_the_lab_inventorys_shared_gpus_still_plan(catalog_vars: dict[str, Any]) -> None:
+    """playbooks/vars/lab.yml's hosts (4 L4s each, lab_hosts_gpus_default): d3-lab-host1 shares a GPU between d3-mini
+    and d3-edge (0.45 + 0.25), d3-lab-host2 one among d3-nano and the two d3-lite (0.35 + 0.25 + 0.25)."""
+    import yaml
+
+    lab = yaml.safe_load((ROOT / "playbooks/vars/lab.yml").read_text())
+    for host, models in lab["lab_hosts_models"].items():
+        result = plan(catalog_vars, 4, *models)
+        assert result["errors"] == [], host
+        shared = [g for g in result["gpus"] if len(g["budget"]) > 1]
+        assert shared and all(g["free_mib"] >= 0 for g in shared), host

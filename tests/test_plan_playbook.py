@@ -49,7 +49,7 @@ def test_plan_writes_json_and_renders_units_without_contacting_hosts(tmp_path: P
     assert plan["instances"][0]["gpus"] == [0, 1]
     assert "d3-27b: d3 (vllm-sr/d3@UNPINNED) on GPU 0,1, port 8000" in text
     assert "--tensor-parallel-size 2 --max-model-len 8192 --gpu-memory-utilization 0.95" in text
-    assert "GPU 2 NVIDIA L4: 16123/23034 MiB budgeted (d3-mini 10365 MiB, d3-edge 5758 MiB)" in text
+    assert "GPU 2 NVIDIA L4: 15792/22560 MiB budgeted (d3-mini 10152 MiB, d3-edge 5640 MiB; MiB as vLLM sees the GPU)" in text
     for unit in ("d3-27b", "d3-mini", "d3-edge"):
         assert (render / "l4-test" / f"{unit}.container").is_file()
         assert (render / "l4-test" / f"{unit}.service").is_file()
@@ -113,14 +113,14 @@ def test_a_host_with_three_mistakes_is_refused_with_all_three_and_its_plan_so_fa
     assert proc.returncode != 0
     out = " ".join(proc.stdout.split())
     assert "host l4-three: d3_models[0]: unknown model 'd3-ultra'" in out
-    assert ("host l4-three: d3_models[2] (d3-mini): VRAM over budget on GPU 0: its share of 10365 MiB (--gpu-memory-utilization "
-            "0.45 x 23034 MiB) on top of d3-flash 20730 MiB (0.9) makes 31095 MiB") in out  # fmt: skip
+    assert ("host l4-three: d3_models[2] (d3-mini): VRAM over budget on GPU 0: its share of 10152 MiB (--gpu-memory-utilization "
+            "0.45 x 22560 MiB) on top of d3-flash 20304 MiB (0.9) makes 30456 MiB") in out  # fmt: skip
     assert "Fix: move d3_models[2] to another GPU (its `gpus:`) or host" in out
     assert "host l4-three: d3_models[4] (d3-lite): port 8100 collides with instance d3-edge" in out
     # the refused host's plan so far, in MiB and with the predicted KV cache
     assert "plan so far (nothing is changed until every problem is fixed):" in out
     assert "d3-flash: d3-flash on GPU 0, port 8000, needs 10305 MiB/GPU of its 20304 MiB share" in out
-    assert "GPU 0: 20730/23034 MiB in shares (d3-flash 20730 MiB)" in out
+    assert "GPU 0: 20304/22560 MiB in shares (d3-flash 20304 MiB)" in out
     # the other host's own problem in the same run, with the flag's place
     assert "host l4-other: d3_models[0] (d3-mini): d3-mini at TP 1 is refused by vLLM at startup" in out
     assert "Fix: in d3_models[0].extra_args set --max-model-len=" in out

@@ -100,7 +100,9 @@ def test_27b_renders_the_seed_recipe(catalog_vars: dict[str, Any]) -> None:
     assert inst["vram_need_mib_per_gpu"] == 13314 + 756 + 512 + 343
     assert inst["kv_cache"]["gpu_kv_cache_tokens"] == 54096 and inst["kv_cache"]["max_concurrency"] == 19.93
     assert inst["vram_arithmetic_mib_per_gpu"]["requested_mib"] == int(22560 * 0.95)
-    assert [g["budget_mib"] for g in result["gpus"]] == [21882, 21882]
+    # the shares are of vLLM's total (22,560 MiB), the GPU's own nvidia-smi total kept beside it
+    assert [g["budget_mib"] for g in result["gpus"]] == [21432, 21432]
+    assert [(g["memory_total_mib"], g["vllm_total_mib"], g["free_mib"]) for g in result["gpus"]] == [(23034, 22560, 616)] * 2
     line = podman_run(inst, "docker.io/vllm/vllm-openai@sha256:x")
     assert "--device nvidia.com/gpu=0 --device nvidia.com/gpu=1" in line
     assert "--shm-size 10g" in line
@@ -116,7 +118,7 @@ def test_lab_layout_27b_and_two_small_models_share(catalog_vars: dict[str, Any])
     assert [insts[n]["port"] for n in ("d3-mini", "d3-27b", "d3-edge")] == [8000, 8001, 8002]
     gpu2 = result["gpus"][2]
     assert [b["instance"] for b in gpu2["budget"]] == ["d3-mini", "d3-edge"]
-    assert gpu2["budget_mib"] == int(23034 * 0.45) + int(23034 * 0.25)
+    assert gpu2["budget_mib"] == int(22560 * 0.45) + int(22560 * 0.25)
 
 
 def test_explicit_gpus_ports_extra_args_and_env(catalog_vars: dict[str, Any]) -> None:
@@ -177,7 +179,7 @@ def test_refuses_vram_over_budget_when_sharing(catalog_vars: dict[str, Any]) -> 
     text = refused(
         plan(catalog_vars, [{"model": "d3-flash", "gpus": [0]}, {"model": "d3-mini", "gpus": [0]}], gpus=1),
         "VRAM over budget on GPU 0",
-        "on top of d3-flash 20730 MiB (0.9) makes 31095 MiB, over the 21191 MiB that d3_gpu_share_cap 0.92 allows",
+        "on top of d3-flash 20304 MiB (0.9) makes 30456 MiB, over the 20755 MiB that d3_gpu_share_cap 0.92 allows",
     )
     assert "(d3-mini)" in text
 

@@ -169,20 +169,21 @@ def test_shares_add_up_on_a_gpu() -> None:
     models = [{"model": "s", "name": f"s{i}", "extra_args": quarter} for i in range(4)]
     result = d3_plan(models, catalog, COMMON, l4_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})
     assert result["errors"] == [
-        "host h: d3_models[3] (s3): VRAM over budget: no 1 GPU(s) with 5000 MiB (--gpu-memory-utilization 0.25) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: s0 5000 MiB (0.25), s1 5000 MiB (0.25), s2 5000 MiB (0.25)). Fix: set --gpu-memory-utilization=0.17 in d3_models[3].extra_args (what is left), or move d3_models[3] to another GPU (its `gpus:`) or host"]
+        "host h: d3_models[3] (s3): VRAM over budget: no 1 GPU(s) with 5000 MiB (--gpu-memory-utilization 0.25) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: s0 5000 MiB (0.25), s1 5000 MiB (0.25), s2 5000 MiB (0.25)). Fix: set --gpu-memory-utilization=0.14 in d3_models[3].extra_args (what is left), or move d3_models[3] to another GPU (its `gpus:`) or host"]
     fixed = [{**m, "gpus": [0]} for m in models]
     result = d3_plan(fixed, catalog, COMMON, l4_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})
     assert result["errors"] == [
-        "host h: d3_models[3] (s3): VRAM over budget on GPU 0: its share of 5000 MiB (--gpu-memory-utilization 0.25 x 20000 MiB) on top of s0 5000 MiB (0.25), s1 5000 MiB (0.25), s2 5000 MiB (0.25) makes 20000 MiB, over the 18400 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set --gpu-memory-utilization=0.17 in d3_models[3].extra_args (what is left), or move d3_models[3] to another GPU (its `gpus:`) or host"]
+        "host h: d3_models[3] (s3): VRAM over budget on GPU 0: its share of 5000 MiB (--gpu-memory-utilization 0.25 x 20000 MiB) on top of s0 5000 MiB (0.25), s1 5000 MiB (0.25), s2 5000 MiB (0.25) makes 20000 MiB, over the 18400 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set --gpu-memory-utilization=0.14 in d3_models[3].extra_args (what is left), or move d3_models[3] to another GPU (its `gpus:`) or host"]
     # the partial plan: what would run where once the refused instance is fixed
     assert result["partial"][:1] == ["s0: s on GPU 0, port 8000, needs 619 MiB/GPU of its 5000 MiB share; GPU KV cache size: 373,968 tokens, maximum concurrency 23373.25x at 16 tokens (predicted)"]
     assert result["partial"][-1] == "GPU 0: 15000/20000 MiB in shares (s0 5000 MiB, s1 5000 MiB, s2 5000 MiB)"
-    two_gpus = d3_plan([*models, {"model": "s", "name": "s4", "extra_args": ["--gpu-memory-utilization=1"]}], catalog, COMMON,
+    two_gpus = d3_plan([*models, {"model": "s", "name": "s4", "extra_args": ["--gpu-memory-utilization=0.9"]}], catalog, COMMON,
                        l4_gpus(2, 20000), host="h", options={"allow_cuda_graphs": True, "gpu_share_cap": 0})  # fmt: skip
-    assert two_gpus["errors"][0].endswith("within d3_gpu_share_cap 0 of each GPU's memory (GPU 0: s4 20000 MiB (1); GPU 1: s0 5000 MiB (0.25)). "
+    assert two_gpus["errors"][0].endswith("within d3_gpu_share_cap 0 of each GPU's memory (GPU 0: s4 18000 MiB (0.9); GPU 1: s0 5000 MiB (0.25)). "
                                           "Fix: move d3_models[1] to another GPU (its `gpus:`) or host")
     # what is left does not start the instance: the fix says so, with the reason
-    tight = d3_plan([{**m, "extra_args": ["--gpu-memory-utilization=0.3", "--max-model-len=16"]} for m in fixed], catalog, COMMON,
+    # (the cap leaves 0.05, vLLM's free memory 552 MiB beside the three shares and four CUDA contexts)
+    tight = d3_plan([{**m, "extra_args": ["--gpu-memory-utilization=0.29", "--max-model-len=16"]} for m in fixed], catalog, COMMON,
                     l4_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})  # fmt: skip
     assert tight["errors"][0].endswith(
         "Fix: move d3_models[3] to another GPU (its `gpus:`) or host (at the 0.02 left, s3 itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 95 + profile-run peak 11 (2048 tokens x 5376 B) + non-torch 512 = 618 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 400 MiB)")
@@ -196,7 +197,8 @@ def test_listen_address_skips_unreadable_host_addresses() -> None:
 def test_models_that_are_not_a_list_and_the_default_host() -> None:
     planner = _Planner("h", "d3-mini", CATALOG, COMMON, GPU, Options())  # type: ignore[arg-type]
     assert planner.run() == {"host": "h", "hf_home": "/var/lib/d3/huggingface", "instances": [], "gpus": [{"index": 0, "name": "NVIDIA L4", "memory_total_mib": 10000,
-                                                                       "budget": [], "budget_mib": 0, "free_mib": 10000}],
+                                                                       "vllm_total_mib": 10000, "budget": [], "budget_mib": 0,
+                                                                       "cuda_context_mib": 0, "free_mib": 10000}],
                              "errors": ["host h: d3_models: expected a list, got str. Fix: write a YAML list"],
                              "partial": ["GPU 0: 0/10000 MiB in shares (idle)"]}  # fmt: skip
     assert d3_plan([{"model": "nope"}], CATALOG, COMMON, GPU)["errors"][0].startswith("host localhost: d3_models[0]: unknown model")
@@ -305,7 +307,7 @@ def test_share_fixes_at_their_edges() -> None:
     opts = {"allow_cuda_graphs": True}
     share = lambda name, util, **more: {"model": "s", "name": name, "gpus": [0], "extra_args": [f"--gpu-memory-utilization={util}"], **more}  # noqa: E731
     # less than 0.01 left: no share offered, nothing computed at 0
-    (error,) = d3_plan([share("a", 0.5), share("b", 0.415), share("c", 0.1)], catalog, COMMON, GPU, host="h", options=opts)["errors"]
+    (error,) = d3_plan([share("a", 0.5), share("b", 0.35), share("c", 0.1)], catalog, COMMON, GPU, host="h", options=opts)["errors"]
     assert error.endswith("Fix: move d3_models[2] to another GPU (its `gpus:`) or host")
     # what is left starts the instance but below the floor: the fix says so, with the instance's own context
     (error,) = d3_plan([share("a", 0.9), share("c", 0.1)], catalog, COMMON, l4_gpus(1, 100000), host="h",
@@ -316,11 +318,14 @@ def test_share_fixes_at_their_edges() -> None:
     auto = [share("a", 0.9), {"model": "s", "name": "b", "gpus": [1], "extra_args": ["--gpu-memory-utilization=0.5"]},
             {"model": "s", "name": "c", "extra_args": ["--gpu-memory-utilization=0.5"]}]  # fmt: skip
     (error,) = d3_plan(auto, catalog, COMMON, l4_gpus(2, 10000), host="h", options=opts)["errors"]
-    assert "(GPU 0: a 9000 MiB (0.9); GPU 1: b 5000 MiB (0.5)). Fix: set --gpu-memory-utilization=0.42 in d3_models[2].extra_args" in error
+    assert "(GPU 0: a 9000 MiB (0.9); GPU 1: b 5000 MiB (0.5)). Fix: set --gpu-memory-utilization=0.39 in d3_models[2].extra_args" in error
     # what is left, 0.92 - 0.245 = 0.675, rounds down to whole hundredths: 0.67
     left = [share("a", 0.245), {"model": "s", "name": "c", "gpus": [0], "extra_args": ["--gpu-memory-utilization=0.7"]}]
-    (error,) = d3_plan(left, catalog, COMMON, l4_gpus(1, 10000), host="h", options=opts)["errors"]
+    (error,) = d3_plan(left, catalog, COMMON, l4_gpus(1, 100000), host="h", options=opts)["errors"]
     assert "Fix: set --gpu-memory-utilization=0.67 in d3_models[1].extra_args" in error
+    # on a smaller GPU vLLM's free memory is the smaller room: (10000 - 512 - 2450 - 512) / 10000 = 0.6526 -> 0.65
+    (error,) = d3_plan(left, catalog, COMMON, l4_gpus(1, 10000), host="h", options=opts)["errors"]
+    assert "Fix: set --gpu-memory-utilization=0.65 in d3_models[1].extra_args" in error
     # an idle GPU is named as such; a TP 2 instance's partial plan names both GPUs
     two = dict(entry(weights_fp8_gb=0.1), tensor_parallel_size=2)
     result = d3_plan([{"model": "t", "gpus": [0, 1]}, {"model": "t", "name": "u", "extra_args": ["--gpu-memory-utilization=0.5"]}],

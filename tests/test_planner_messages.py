@@ -300,7 +300,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[1] (d3-mini): VRAM over budget on GPU 0: its share of 10365 MiB (--gpu-memory-utilization 0.45 x 23034 MiB) on top of d3-flash 20730 MiB (0.9) makes 31095 MiB, over the 21191 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, d3-mini itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 = 6903 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
+            + "d3_models[1] (d3-mini): VRAM over budget on GPU 0: its share of 10152 MiB (--gpu-memory-utilization 0.45 x 22560 MiB) on top of d3-flash 20304 MiB (0.9) makes 30456 MiB, over the 20755 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, d3-mini itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 = 6903 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
         ],
     ),
     "share_auto": (
@@ -309,7 +309,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[1] (flash-b): VRAM over budget: no 1 GPU(s) with 20730 MiB (--gpu-memory-utilization 0.9) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: d3-flash 20730 MiB (0.9)). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, flash-b itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 896 (8192 tokens x 114688 B) + non-torch 512 = 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
+            + "d3_models[1] (flash-b): VRAM over budget: no 1 GPU(s) with 20304 MiB (--gpu-memory-utilization 0.9) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: d3-flash 20304 MiB (0.9)). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, flash-b itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 896 (8192 tokens x 114688 B) + non-torch 512 = 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
         ],
     ),
     "tp_host": (

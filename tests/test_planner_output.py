@@ -62,9 +62,11 @@ def test_a_whole_instance(catalog_vars: dict[str, Any]) -> None:
         "health_url": "http://[::1]:9000/health", "start_after": [], "wait_ready": False,
     }]  # fmt: skip
     assert result["gpus"] == [
-        {"index": 0, "name": "NVIDIA L4", "memory_total_mib": 23034,
-         "budget": [{"instance": "d3-mini", "utilization": 0.45, "budget_mib": 10365}], "budget_mib": 10365, "free_mib": 12669},
-        {"index": 1, "name": "NVIDIA L4", "memory_total_mib": 23034, "budget": [], "budget_mib": 0, "free_mib": 23034},
+        {"index": 0, "name": "NVIDIA L4", "memory_total_mib": 23034, "vllm_total_mib": 22560,
+         "budget": [{"instance": "d3-mini", "utilization": 0.45, "budget_mib": 10152}], "budget_mib": 10152,
+         "cuda_context_mib": 512, "free_mib": 22560 - 10152 - 512},
+        {"index": 1, "name": "NVIDIA L4", "memory_total_mib": 23034, "vllm_total_mib": 22560, "budget": [], "budget_mib": 0,
+         "cuda_context_mib": 0, "free_mib": 22560},
     ]  # fmt: skip
 
 
@@ -110,9 +112,11 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
         "  variant bf16-fp8-online (no quantization_config), download 1.4 GB",
         run("d3-edge", "unpinned") + " --served-model-name d3-edge --host 127.0.0.1 --port 8001 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.25 --quantization fp8 --enforce-eager",
-        "GPU 0 NVIDIA L4: 16123/23034 MiB budgeted (d3-mini 10365 MiB, d3-edge 5758 MiB), 6911 MiB free",
+        "GPU 0 NVIDIA L4: 15792/22560 MiB budgeted (d3-mini 10152 MiB, d3-edge 5640 MiB; MiB as vLLM sees the GPU), 1024 MiB "
+        "of CUDA contexts, 5744 MiB free",
     ]
-    assert d3_plan_report(plan(catalog_vars, [], gpus=1)) == ["GPU 0 NVIDIA L4: 0/23034 MiB budgeted (idle), 23034 MiB free"]
+    assert d3_plan_report(plan(catalog_vars, [], gpus=1)) == [
+        "GPU 0 NVIDIA L4: 0/22560 MiB budgeted (idle; MiB as vLLM sees the GPU), 0 MiB of CUDA contexts, 22560 MiB free"]
     # the plan's image unless the caller passes the resolved one; the secret only when named
     assert " IMAGE --model " in d3_plan_report(result)[4]
     assert " --secret k,type=env,target=VLLM_API_KEY --label " in d3_plan_report(result, "img", "k")[4]
@@ -215,10 +219,13 @@ def test_split_args() -> None:
 def test_formatting_of_shares_in_messages(catalog_vars: dict[str, Any]) -> None:
     for given, shown in (("0.5", "0.5"), ("1", "1"), ("0.12345", "0.1235"), ("1.0", "1")):
         result = plan(catalog_vars, [{"model": "d3-edge", "extra_args": [f"--gpu-memory-utilization={given}"]}])
-        assert result["instances"][0]["args"][-5:-3] == ["--gpu-memory-utilization", given]
+        if float(given) < 1:
+            assert result["instances"][0]["args"][-5:-3] == ["--gpu-memory-utilization", given]
+        else:  # the whole GPU leaves no room for the CUDA context: vLLM refuses (Worker.init_device)
+            assert f"less than desired GPU memory utilization ({shown}, 22.03 GiB)" in result["errors"][0]
         flash = plan(catalog_vars, [{"model": "d3-flash", "gpus": [0]}, {"model": "d3-edge", "gpus": [0],
                                                                           "extra_args": [f"--gpu-memory-utilization={given}"]}])
-        assert f"(--gpu-memory-utilization {shown} x 23034 MiB) on top of d3-flash 20730 MiB (0.9)" in flash["errors"][0]
+        assert f"(--gpu-memory-utilization {shown} x 22560 MiB) on top of d3-flash 20304 MiB (0.9)" in flash["errors"][0]
 
 
 def test_options_and_helpers() -> None:

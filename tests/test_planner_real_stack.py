@@ -36,8 +36,8 @@ def test_shares_above_the_cap_on_one_gpu_are_refused(catalog_vars: dict[str, Any
     assert result["instances"] == []
     (error,) = result["errors"]
     assert error == (
-        "host l4-a: d3_models[1] (b): VRAM over budget on GPU 0: its share of 11517 MiB (--gpu-memory-utilization 0.5 x "
-        "23034 MiB) on top of a 11517 MiB (0.5) makes 23034 MiB, over the 21191 MiB that d3_gpu_share_cap 0.92 allows on "
+        "host l4-a: d3_models[1] (b): VRAM over budget on GPU 0: its share of 11280 MiB (--gpu-memory-utilization 0.5 x "
+        "22560 MiB) on top of a 11280 MiB (0.5) makes 22560 MiB, over the 20755 MiB that d3_gpu_share_cap 0.92 allows on "
         "a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set "
         "--gpu-memory-utilization=0.42 in d3_models[1].extra_args (what is left), or move d3_models[1] to another GPU "
         "(its `gpus:`) or host"
@@ -45,11 +45,17 @@ def test_shares_above_the_cap_on_one_gpu_are_refused(catalog_vars: dict[str, Any
 
 
 def test_the_cap_is_a_variable_and_a_gpu_of_its_own_takes_any_share(catalog_vars: dict[str, Any]) -> None:
-    assert plan(catalog_vars, [lite("a", "0.5", [0]), lite("b", "0.5", [0])], gpu_share_cap=1.0)["errors"] == []
+    # above the cap, vLLM itself refuses two halves: the first holds 11,280 MiB and a CUDA context, the second's own
+    # context takes 512 more, 10,256 MiB are free for its 11,280 (Worker.init_device)
+    (error,) = plan(catalog_vars, [lite("a", "0.5", [0]), lite("b", "0.5", [0])], gpu_share_cap=1.0)["errors"]
+    assert "'ValueError: Free memory on device cuda:0 (10.02/22.03 GiB) on startup is less than desired GPU memory utilization (0.5, 11.02 GiB)." in error
+    assert plan(catalog_vars, [lite("a", "0.5", [0]), lite("b", "0.45", [0])], gpu_share_cap=1.0)["errors"] == []
     assert plan(catalog_vars, [lite("a", "0.46", [0]), lite("b", "0.46", [0])])["errors"] == []
     assert plan(catalog_vars, [lite("a", "0.47", [0]), lite("b", "0.46", [0])])["errors"] != []
-    alone = plan(catalog_vars, [lite("a", "0.98", [0])])
+    alone = plan(catalog_vars, [lite("a", "0.97", [0])])
     assert alone["errors"] == [] and alone["instances"][0]["start_after"] == []
+    # a GPU of its own: its share and its CUDA context must fit: 0.98 x 22,560 = 22,109 MiB, 22,048 free
+    assert "Free memory on device cuda:0 (21.53/22.03 GiB)" in plan(catalog_vars, [lite("a", "0.98", [0])])["errors"][0]
 
 
 def test_automatic_placement_keeps_to_the_cap(catalog_vars: dict[str, Any]) -> None:

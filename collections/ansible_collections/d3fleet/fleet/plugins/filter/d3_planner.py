@@ -871,10 +871,25 @@ class _Planner:
 
     # -- GPU placement --------------------------------------------------------------------------
     def fits(self, idx: int, inst: dict[str, Any]) -> bool:
-        """A GPU of its own takes any share; a shared GPU keeps the sum of shares within gpu_share_cap."""
-        if not self.use[idx]:
-            return True
-        return self.util[idx] + inst["util"] <= float(self.opt.gpu_share_cap) + 1e-9
+        """vLLM starts on this GPU beside the instances already on it (free_at_start), and a shared GPU keeps the sum
+        of shares within gpu_share_cap (policy)."""
+        if self.free_at_start(idx, inst) < self.requested(idx, inst["util"]):
+            return False
+        return not self.use[idx] or self.util[idx] + inst["util"] <= float(self.opt.gpu_share_cap) + 1e-9
+
+    def requested(self, idx: int, util: float) -> int:
+        """request_memory (vllm/v1/worker/gpu_worker.py): total_memory x gpu_memory_utilization, in bytes."""
+        return int(self.memory(idx) * MIB * util)
+
+    def free_at_start(self, idx: int, inst: dict[str, Any]) -> int:
+        """What torch.cuda.mem_get_info() reports free on GPU idx when ``inst`` starts after every other instance on it
+        (bytes): the total as torch sees it less this process's CUDA context (created before Worker.init_device's
+        MemorySnapshot) and, for each other process, its share (a started vLLM holds its weights, KV cache and
+        workspaces: its requested memory) and its own CUDA context. Worker.init_device refuses to start when this is
+        below the share: "Free memory on device ... on startup is less than desired GPU memory utilization"."""
+        others = [o for o in self.use[idx] if o is not inst]
+        held = sum(self.requested(idx, o["util"]) + CUDA_CONTEXT_MIB * MIB for o in others)
+        return self.memory(idx) * MIB - CUDA_CONTEXT_MIB * MIB - held
 
     def take(self, inst: dict[str, Any], indices: list[int]) -> None:
         for idx in indices:
@@ -917,14 +932,29 @@ class _Planner:
         return int(self.memory(idx) * util)
 
     def memory(self, idx: int) -> int:
-        return next(int(g["memory_total_mib"]) for g in self.gpus if int(g["index"]) == idx)
+        """GPU idx's total as vLLM sees it (vllm_total_mib: torch.cuda.mem_get_info), the base of every share."""
+        return next(vllm_total_mib(g, self.common.get("gpu_models")) for g in self.gpus if int(g["index"]) == idx)
 
     def _users(self, idx: int) -> str:
         """Who holds how much of a GPU: each instance's share in MiB (and its --gpu-memory-utilization)."""
         return ", ".join(f"{o['name']} {self._mib(idx, o['util'])} MiB ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
 
+    def _vllm_free_refusal(self, idx: int, inst: dict[str, Any]) -> str:
+        """vLLM's own words when the instance's share is not free at its start (Worker.init_device)."""
+        free, want, total = self.free_at_start(idx, inst), self.requested(idx, inst["util"]), self.memory(idx) * MIB
+        return (
+            f"vLLM refuses to start it on GPU {idx} after {self._users(idx)}: 'ValueError: Free memory on device cuda:0 "
+            f"({_gib(max(free, 0))}/{_gib(total)} GiB) on startup is less than desired GPU memory utilization "
+            f"({_fmt(inst['util'])}, {_gib(want)} GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+            f"other processes.' (each other process holds its share and a CUDA context of {CUDA_CONTEXT_MIB} MiB, and "
+            f"so does this one's context: {total // MIB} MiB as torch sees the GPU)"
+        )
+
     def _over_budget(self, idx: int, inst: dict[str, Any]) -> str:
+        """The policy cap's refusal when the shares pass it, else vLLM's own (the CUDA contexts beside the shares)."""
         cap = float(self.opt.gpu_share_cap)
+        if not self.use[idx] or self.util[idx] + inst["util"] <= cap + 1e-9:
+            return self._vllm_free_refusal(idx, inst)
         used = sum(self._mib(idx, o["util"]) for o in self.use[idx])
         return (
             f"VRAM over budget on GPU {idx}: its share of {self._mib(idx, inst['util'])} MiB (--gpu-memory-utilization "
@@ -936,7 +966,9 @@ class _Planner:
     def _share_fix(self, inst: dict[str, Any], gpus: list[int]) -> str:
         """Where to put the flag: a smaller --gpu-memory-utilization in extra_args, when the instance still starts
         with it (the same arithmetic), or another GPU."""
-        left = min(float(self.opt.gpu_share_cap) - self.util[g] for g in gpus)
+        # the cap's room and the share vLLM finds free (free_at_start) on each GPU, the smaller
+        left = min(min(float(self.opt.gpu_share_cap) - self.util[g] if self.use[g] else 1.0,
+                       self.free_at_start(g, inst) / (self.memory(g) * MIB)) for g in gpus)  # fmt: skip
         util = int(left * 100 + 1e-9) / 100
         fix = f"move d3_models[{inst['pos']}] to another GPU (its `gpus:`) or host"
         if util > 0:
@@ -962,13 +994,17 @@ class _Planner:
         free = [i for i in self.util if self.fits(i, inst)]
         if len(free) < inst["tp"]:
             state = "; ".join(f"GPU {i}: {self._users(i)}" for i in self.util)
+            emptiest = sorted(self.util, key=lambda i: self.util[i])[: inst["tp"]]
+            cap = float(self.opt.gpu_share_cap)
+            vllm = [i for i in emptiest if not self.use[i] or self.util[i] + inst["util"] <= cap + 1e-9]
             self.refuse(
                 where,
+                self._vllm_free_refusal(vllm[0], inst) if vllm else
                 f"VRAM over budget: no {inst['tp']} GPU(s) with {self._mib(next(iter(self.util)), inst['util'])} MiB "
                 f"(--gpu-memory-utilization {_fmt(inst['util'])}) left within d3_gpu_share_cap "
                 f"{_fmt(float(self.opt.gpu_share_cap))} of each GPU's memory ({state})",
-                self._share_fix(inst, sorted(self.util, key=lambda i: self.util[i])[: inst["tp"]]),
-            )
+                self._share_fix(inst, emptiest),
+            )  # fmt: skip
             return
         self.take(inst, free[: inst["tp"]])
 
@@ -1209,17 +1245,20 @@ class _Planner:
         gpus = []
         for g in self.gpus:
             idx = int(g["index"])
-            mem = int(g["memory_total_mib"])
-            budget = [{"instance": i["name"], "utilization": i["util"], "budget_mib": int(mem * i["util"])} for i in self.use[idx]]
+            mem = self.memory(idx)  # vLLM's total: every share is of it
+            budget = [{"instance": i["name"], "utilization": i["util"], "budget_mib": self._mib(idx, i["util"])} for i in self.use[idx]]
             used = sum(b["budget_mib"] for b in budget)
             gpus.append(
                 {
                     "index": idx,
                     "name": g["name"],
-                    "memory_total_mib": mem,
+                    "memory_total_mib": int(g["memory_total_mib"]),  # nvidia-smi's
+                    "vllm_total_mib": mem,
                     "budget": budget,
                     "budget_mib": used,
-                    "free_mib": mem - used,
+                    # each process's CUDA context, outside its share (CUDA_CONTEXT_MIB: no source gives its size)
+                    "cuda_context_mib": CUDA_CONTEXT_MIB * len(budget),
+                    "free_mib": mem - used - CUDA_CONTEXT_MIB * len(budget),
                 }
             )
         emitted = [self.emit(i) for i in placed]
@@ -1243,7 +1282,7 @@ class _Planner:
             for i in emitted
         ]
         return lines + [
-            f"GPU {g['index']}: {g['budget_mib']}/{g['memory_total_mib']} MiB in shares ("
+            f"GPU {g['index']}: {g['budget_mib']}/{g['vllm_total_mib']} MiB in shares ("
             + (", ".join(f"{b['instance']} {b['budget_mib']} MiB" for b in g["budget"]) or "idle")
             + ")"
             for g in gpus

@@ -139,8 +139,8 @@ def plan_report(plan: dict[str, Any], image: str | None = None, secret: str = ""
     for g in plan["gpus"]:
         users = ", ".join(f"{b['instance']} {b['budget_mib']} MiB" for b in g["budget"]) or "idle"
         lines.append(
-            f"GPU {g['index']} {g['name']}: {g['budget_mib']}/{g['memory_total_mib']} MiB budgeted ({users}), "
-            f"{g['free_mib']} MiB free"
+            f"GPU {g['index']} {g['name']}: {g['budget_mib']}/{g['vllm_total_mib']} MiB budgeted ({users}; MiB as vLLM "
+            f"sees the GPU), {g['cuda_context_mib']} MiB of CUDA contexts, {g['free_mib']} MiB free"
         )
     return lines
 

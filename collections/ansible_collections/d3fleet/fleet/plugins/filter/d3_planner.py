@@ -996,7 +996,8 @@ class _Planner:
             state = "; ".join(f"GPU {i}: {self._users(i)}" for i in self.util)
             emptiest = sorted(self.util, key=lambda i: self.util[i])[: inst["tp"]]
             cap = float(self.opt.gpu_share_cap)
-            vllm = [i for i in emptiest if not self.use[i] or self.util[i] + inst["util"] <= cap + 1e-9]
+            vllm = [i for i in emptiest if (not self.use[i] or self.util[i] + inst["util"] <= cap + 1e-9)
+                    and self.free_at_start(i, inst) < self.requested(i, inst["util"])]  # fmt: skip
             self.refuse(
                 where,
                 self._vllm_free_refusal(vllm[0], inst) if vllm else

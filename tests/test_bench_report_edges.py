@@ -559,3 +559,21 @@ def test_records_are_the_requests_with_what_a_recompute_needs() -> None:
     # a case the suite does not have, and the load passes: as recorded
     assert lines[2:] == [{"host": "h", "instance": "i", "phase": "accuracy", "case": "unknown", "status": 200},
                          {"host": "h", "instance": "i", "phase": "open", "rate": 8.0, "case": "a", "status": 200}]
+
+
+def test_ece_weights_each_bin_by_its_share_of_the_answers() -> None:
+    """ECE over 5 equal-width bins, each bin weighted by n_bin / N (Guo et al. 2017, eq. 3), by hand on bins of
+    unequal size (an answer without a confidence is in none):
+      [0.2, 0.4): 0.3 wrong                          n 1, accuracy 0,    confidence 0.3: gap 0.3
+      [0.6, 0.8): 0.7 right, 0.7 right, 0.7 wrong    n 3, accuracy 2/3,  confidence 0.7: gap 0.0333
+      [0.8, 1.0]: 0.8, 0.9, 1.0 right, 0.9 wrong     n 4, accuracy 3/4,  confidence 0.9: gap 0.15
+    ECE = 1/8 x 0.3 + 3/8 x 0.0333 + 4/8 x 0.15 = 0.125 (the unweighted mean of the gaps would be 0.161; weights
+    1/5 each 0.097)."""
+    rows = [{"confidence": c, "correct": ok} for c, ok in (
+        (0.3, False), (0.7, True), (0.7, True), (0.7, False), (0.8, True), (0.9, True), (1.0, True), (0.9, False),
+        (None, True))]
+    bins = b.reliability(rows)
+    assert [(x["low"], x["high"], x["n"], x["accuracy"], x["confidence"]) for x in bins] == [
+        (0.2, 0.4, 1, 0.0, 0.3), (0.6, 0.8, 3, 0.6667, 0.7), (0.8, 1.0, 4, 0.75, 0.9)]
+    assert b.ece(bins) == {"value": 0.125, "n": 8, "binning": "5 equal-width bins on [0, 1]"}
+    assert b.ece([]) is None

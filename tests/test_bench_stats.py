@@ -186,6 +186,9 @@ def test_detectable_ratio_from_the_measured_spread() -> None:
     assert round(st.detectable_ratio(runs(0.02, 5), runs(0.02, 5)), 3) == 1.041
     assert round(st.detectable_ratio(runs(0.02, 5), runs(0.02, 5), 0.05 / 40), 3) == 1.079
     assert st.detectable_ratio([100.0] * 3, [110.0] * 3) == 1.0  # no spread: any change is told apart
+    # two runs a side are enough, at any scale (seconds below 1 too): exp(shift(2) x sqrt(s1^2/2 + s2^2/2))
+    two = st.detectable_ratio([0.5, 0.6], [0.5, 0.6, 0.0])
+    assert two == pytest.approx(math.exp(st.detectable_shift(2.0) * abs(math.log(0.6 / 0.5)) / math.sqrt(2)), rel=1e-9)
     assert st.detectable_ratio([100.0], [1.0, 2.0]) is None and st.detectable_ratio([1.0, None, 0.0], [1.0, 2.0]) is None
     assert st.detectable_ratio(runs(0.02, 5), runs(0.02, 5), power=0.9) > st.detectable_ratio(runs(0.02, 5), runs(0.02, 5))
 
@@ -237,6 +240,8 @@ def test_censored_latencies_make_lower_bounds() -> None:
     assert out["interval"] == {"p50": [42.0, 62.0], "p95": [93.0, None], "p99": None}  # its upper rank is censored
     # without the censored requests the tail is biased low: p99 99 ms instead of at least 500
     assert st.summary(obs)["p99"] == 99.0 and "censored" not in st.summary(obs)
+    assert st.summary([], censored=[]) == {**st.summary([]), "censored": 0, "lower_bound": []}
+    assert st.summary([1.234, 2.345], 2, censored=[9.876])["p50"] == 2.35  # rounded to the digits asked
     none = st.summary(obs, censored=[])
     assert none["censored"] == 0 and none["lower_bound"] == [] and none["p99"] == 99.0
     # a bound below every observed latency: the minimum is only a lower bound as well

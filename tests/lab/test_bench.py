@@ -177,11 +177,16 @@ def test_open_loop_beyond_capacity_goodput_falls_and_latency_grows(bench: dict[s
     assert high["requests_per_s"] < high["offered_per_s"]
     # the closed loop at 4 in flight never queues like that: its latency stays below the overloaded open loop's
     assert closed[4]["p50"] < high["p50"]
-    # the generator kept up (its own limit measured in the same run is far above): both levels driven, latency from
-    # the schedule never below that from the send
-    assert inst["generator_limit"]["sent_per_s"] > high["offered_per_s"] and low["driven"] and high["driven"]
+    # the generator's own limit, measured in the same run, is far above the rates; whether a level was driven
+    # follows the stated rule (95 % of the offered rate sent, p99 lag under max(1 ms, 5 % of the mean gap): on this
+    # shared machine a 160/s level's p99 lag can reach its 1 ms bound); latency from the schedule never below that
+    # from the send
+    assert inst["generator_limit"]["sent_per_s"] > high["offered_per_s"]
     for level in (low, high):
         assert level["from_schedule"]["p50"] >= level["p50"] and level["lag"]["n"] > 0, level
+        rule = (level["sent_per_s"] >= 0.95 * level["offered_per_s"]
+                and level["lag"]["p99"] < bench_load.lag_bound_ms(level["rate"]))
+        assert level["driven"] == rule, (level["rate"], level["sent_per_s"], level["lag"], level["not_driven"])
     assert {t["window"]["ramp_s"] for t in inst["throughput"]} == {0.2} and low["window"]["ramp_s"] == 0.1
     table = "\n".join(str(r["res"].get("msg", "")) for r in bench["run"].results() if r.get("task") == "Print the bench tables")
     assert "Request rate [SIMULATED], open loop" in table and "closed loop" in table
@@ -386,21 +391,26 @@ def seeded_comparison(suite: dict[str, Any]) -> tuple[dict[str, Any], list[str],
 
 
 def test_open_loop_beyond_the_generator_limit_is_reported_and_timed_from_the_schedule(converge_run: labkit.Run) -> None:
-    """Open loop on host3's d3-lite with at most one request in flight (the generator's limit here: about one answer
-    time, 1 / 15 ms): at 10/s it keeps up; at 120/s, 2 s long, it falls behind - requests wait their turn in the
-    generator, the level is reported NOT DRIVEN, latency from the send stays flat while latency from the schedule
-    climbs (coordinated omission, measured instead of hidden)."""
+    """Open loop on host3's d3-lite: at 10/s with the default cap (256 in flight) the generator keeps up (p99 lag under
+    its 5 ms bound); at 120/s, 2 s long, with at most one request in flight (the generator's limit then: about one
+    answer time, 1 / 15 ms) it falls behind - requests wait their turn in the generator, the level is reported NOT
+    DRIVEN, latency from the send stays flat while latency from the schedule climbs (coordinated omission, measured
+    instead of hidden). (One in flight at 10/s is not driven either under the p99 lag rule: two Poisson arrivals
+    within one answer time are likely among 20.)"""
     start = time.monotonic()
     url = lite_url()
-    p = params(request_rates=[10.0, 120.0], max_inflight=1, samples=0, duration_s=2.0)
+    p = params(request_rates=[10.0], samples=0, duration_s=2.0)
     load = {r["label"]: r for r in p["latency_requests"]}["q4"]
     target = {"name": "d3-lite", "url": url, "model": "d3-lite"}
     payload = bench_load.encode("d3-lite", load["body"])
     limit = bench_load.generator_limit(1200.0, 0.5, 1)
-    low, high = bench_load.open_levels(p, target, payload, 4, bench_load.Recorder(), limit)
+    (low,) = bench_load.open_levels(p, target, payload, 4, bench_load.Recorder(), limit)
+    p = params(request_rates=[120.0], max_inflight=1, samples=0, duration_s=2.0)
+    (high,) = bench_load.open_levels(p, target, payload, 4, bench_load.Recorder(), limit)
     table = bench_filter._open(high)
-    print(f"\nopen loop, 1 in flight, on {url} (limit probe {limit}): 10/s from send p50 {low['p50']} from schedule "
-          f"{low['from_schedule']['p50']} driven {low['driven']}; 120/s from send p50 {high['p50']} from schedule "
+    print(f"\nopen loop on {url} (limit probe, 1 in flight: {limit}): 10/s from send p50 {low['p50']} from schedule "
+          f"{low['from_schedule']['p50']} lag p99 {low['lag']['p99']} driven {low['driven']}; 120/s, 1 in flight, "
+          f"from send p50 {high['p50']} from schedule "
           f"{high['from_schedule']['p50']} lag p50 {high['lag']['p50']} not sent {high['not_sent']}: {table}; "
           f"{time.monotonic() - start:.1f} s")
     assert low["driven"] and not high["driven"] and table.startswith("NOT DRIVEN: the generator")

@@ -197,3 +197,29 @@ def test_the_lab_inventorys_shared_gpus_still_plan(catalog_vars: dict[str, Any])
         assert result["errors"] == [], host
         shared = [g for g in result["gpus"] if len(g["budget"]) > 1]
         assert shared and all(g["free_mib"] >= 0 for g in shared), host
+
+
+# -- 7. the simulator sees memory as torch does ----------------------------------------------------------------------
+def sim_start(monkeypatch: pytest.MonkeyPatch, used_mib: int, util: str) -> Any:
+    """check_and_plan for d3-lite on one L4 whose nvidia-smi says used_mib (other processes: shares and contexts)."""
+    l4 = SIM.Gpu(0, "NVIDIA L4", "GPU-0", 23034, used_mib, "580.95.05", "8.9", free_mib=23034 - 434 - used_mib)
+    monkeypatch.setattr(SIM, "CLAIM", SIM.GpuClaim("/nonexistent-claims"))  # unpublished: free_mib takes its own off
+    monkeypatch.setattr(SIM, "query_gpus", lambda: [l4])
+    config = {"text_config": {**SIM.QWEN3_5_DEFAULTS, "num_hidden_layers": 24, "hidden_size": 1024, "intermediate_size": 3584,
+                              "num_attention_heads": 8, "num_key_value_heads": 2, "linear_num_value_heads": 16}}  # fmt: skip
+    model = SIM.Model("vllm-sr/d3-lite", Path("/x"), config, 2 * 10**9)
+    args = SIM.parse_args(["--model", model.repo, "--max-model-len", "8192", "--enforce-eager", "--gpu-memory-utilization", util])
+    return SIM.check_and_plan(args, [l4], model, lambda _: None)
+
+
+def test_a_second_half_share_is_refused_as_vllm_refuses_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first 0.5 holds 11,280 MiB of torch's 22,560 and a 512 MiB context; the second's own context leaves
+    10,256 MiB free for its 11,280 (nvidia-smi's total, 23,034 less its 434 reserved, said 11,320: enough)."""
+    with pytest.raises(SIM.SimExit) as err:
+        sim_start(monkeypatch, 11280 + 512, "0.5")
+    assert (err.value.exc_type, err.value.message) == ("ValueError",
+        "Free memory on device cuda:0 (10.02/22.03 GiB) on startup is less than desired GPU memory utilization (0.5, 11.02 GiB). "
+        "Decrease GPU memory utilization or reduce GPU memory used by other processes.")  # fmt: skip
+    # 0.45 beside it fits: 10,256 MiB free for 10,152; and the claim it holds is its share and its context
+    sim_start(monkeypatch, 11280 + 512, "0.45")
+    assert SIM.CLAIM.current == {"GPU-0": 10152 + 512}

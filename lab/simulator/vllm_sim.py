@@ -16,7 +16,8 @@ reachable). It reproduces the observable behaviour the fleet automation depends 
 Memory model (per GPU; checked in vLLM's order, each failure exits 1 with vLLM's exception text; sources at
 startup_memory):
   total   = torch.cuda.mem_get_info()'s total: STAND-IN table TORCH_TOTAL_MIB (an L4: 22.03 GiB), else nvidia-smi's
-  budget  = --gpu-memory-utilization x total; free memory must cover it
+  budget  = --gpu-memory-utilization x total; free memory must cover it, free as torch sees it: total - what every
+            process holds (nvidia-smi's memory.used: the lab claims, each with its CUDA context, 512 MiB STAND-IN)
   weights = d3_lab_simulated_bytes (the checkpoint's bytes, safetensors __metadata__) / TP, halved by --quantization
             fp8 on a BF16 checkpoint (online FP8); a pre-quantized checkpoint (config.json quantization_config, see
             checkpoint_quantization) counts as it is, and --quantization that disagrees with it is refused like vLLM
@@ -282,12 +283,19 @@ def query_gpus() -> list[Gpu]:
         raise NO_GPU from None
 
 
+def torch_free_mib(gpu: Gpu) -> int:
+    """What torch.cuda.mem_get_info() reports free: torch's total (torch_total_mib, 22,560 MiB for an L4, not
+    nvidia-smi's 23,034) less the memory every process holds, which nvidia-smi's memory.used adds up (in the lab the
+    stand-in driver sums the live claims, each process's CUDA context included: GpuClaim)."""
+    return torch_total_mib(gpu.name, gpu.total_mib) - gpu.used_mib
+
+
 def free_mib(gpus: list[Gpu]) -> dict[str, int]:
-    """Free MiB per GPU UUID now (what torch.cuda.mem_get_info() would say). This process's own memory is in
-    nvidia-smi's figure when its claim is published; otherwise (no claims directory) it is taken off here."""
-    now = {g.uuid: g.free for g in query_gpus()}
+    """Free MiB per GPU UUID now, as torch sees it (torch_free_mib). This process's own memory is in nvidia-smi's
+    figure when its claim is published; otherwise (no claims directory) it is taken off here."""
+    now = {g.uuid: torch_free_mib(g) for g in query_gpus()}
     own = {} if CLAIM.published else CLAIM.current
-    return {g.uuid: now.get(g.uuid, g.free) - own.get(g.uuid, 0) for g in gpus}
+    return {g.uuid: now.get(g.uuid, torch_free_mib(g)) - own.get(g.uuid, 0) for g in gpus}
 
 
 def detect_gpus() -> list[Gpu]:
@@ -893,6 +901,10 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
     #       f"utilization ({gpu_memory_utilization}, {GiB(requested)} GiB). Decrease GPU memory utilization or "
     #       "reduce GPU memory used by other processes.")
     # (newer builds name the device, "on device cuda:0 (...)", as quoted in field logs).
+    # the CUDA context (and NCCL's buffers) exist before the snapshot: this process holds them from here on, outside
+    # its share (CUDA_CONTEXT_STAND_IN_MIB); every later claim keeps them
+    context = CUDA_CONTEXT_STAND_IN_MIB
+    CLAIM.set({g.uuid: context for g in used})
     init_free = free_mib(used)
     for i, g in enumerate(used):
         free = init_free[g.uuid] * MIB
@@ -907,7 +919,7 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
     weights = mem["weights"]
     overhead = mem["peak"] + mem["non_torch"] + mem["cudagraph"]
     # the CUDA context and the weights now live on the GPU(s)
-    CLAIM.set({g.uuid: int(min(weights + overhead, budget) // MIB) for g in used})
+    CLAIM.set({g.uuid: int(min(weights + overhead, budget) // MIB) + context for g in used})
     sleep(0.5)
     log("INFO", "gpu_model_runner.py:2650", f"Model loading took {gib(weights)} per GPU (TP={tp}, "
         f"quantization={args.quantization})")
@@ -962,7 +974,7 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
         raise SimExit(*mem["stop"], "vllm/v1/core/kv_cache_utils.py")
     kv_tokens, concurrency = mem["tokens"], mem["concurrency"]
     # the KV cache takes the rest of the budget: the process now holds --gpu-memory-utilization x total per GPU
-    CLAIM.set({g.uuid: int(budget // MIB) for g in used})
+    CLAIM.set({g.uuid: int(budget // MIB) + context for g in used})
     log("INFO", "kv_cache_utils.py:1252", f"GPU KV cache size: {kv_tokens:,} tokens")
     log("INFO", "kv_cache_utils.py:1259", f"Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x")
     if args.enforce_eager:

@@ -42,9 +42,17 @@ L4_MIB = 23034
 TORCH_L4_MIB = 22560  # what torch.cuda.mem_get_info() reports for an L4 (tests/contracts/vllm/gpu-memory.json)
 
 
+CONTEXT_MIB = 512  # the simulator's CUDA-context stand-in, held beside each process's share (CUDA_CONTEXT_STAND_IN_MIB)
+
+
 def share_mib(util: float) -> int:
     """The simulator's share of an L4 as vLLM takes it: util x torch's total, in whole MiB."""
     return int(TORCH_L4_MIB * 2**20 * util) // 2**20
+
+
+def held_mib(util: float) -> int:
+    """What a started simulator holds on a GPU, as nvidia-smi counts it: its share and its CUDA context."""
+    return share_mib(util) + CONTEXT_MIB
 NVIDIA_SRC = ROOT / "lab" / "nvidia" / "src" / "lab-nvidia-driver"
 LITE_REV = "b" * 40
 D3_REV = "c" * 40
@@ -656,7 +664,7 @@ def test_memory_held_while_running_and_freed_when_the_process_dies(simr: Sim, st
     port = free_port()
     name = simr.start([*LITE, "--gpu-memory-utilization", "0.45"], port, standin=standin, first_gpu=1)
     simr.wait_healthy(name, port)
-    budget = share_mib(0.45)
+    budget = held_mib(0.45)
     assert smi_used(standin) == {0: 0, 1: budget, 2: 0, 3: 0}
     # inside another container on the same "host" it is the same
     inside = podman("run", "--rm", "-v", f"{standin / 'nvidia-smi'}:/usr/bin/nvidia-smi:ro",
@@ -670,19 +678,15 @@ def test_memory_held_while_running_and_freed_when_the_process_dies(simr: Sim, st
 
 
 @lab
-# KNOWN BUG, found by the clean-clone run of 2026-12-02 (never run on the lab before it landed): the simulator takes the
-# free memory it compares with the requested share from nvidia-smi (23,034 MiB in all) while the share is now of
-# vLLM's total (22,560 MiB, torch.cuda.mem_get_info), so a second 0.5 share finds 11,320 MiB free for 11,280
-# requested and starts where vLLM refuses it. Strict: the test fails the suite again once the simulator is fixed.
-@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired,
-                   reason="simulator: free memory from nvidia-smi's total, share from vLLM's (issue 33 follow-up)")
+# The clean-clone run of 2026-12-02 found the simulator comparing nvidia-smi's free memory with a share of torch's
+# total; it now sees memory as torch does: 22,560 MiB less what each process holds (its share and CUDA context).
 def test_shares_summing_to_one_cannot_both_start(simr: Sim, standin: Path) -> None:
     port = free_port()
     first = simr.start([*LITE, "--gpu-memory-utilization", "0.5"], port, standin=standin)
     simr.wait_healthy(first, port)
     r = simr.run([*LITE, "--gpu-memory-utilization", "0.5", "--port", str(free_port())], standin=standin)
     assert r.rc == 1, r.out
-    free = (L4_MIB - 434 - share_mib(0.5)) * 2**20
+    free = (TORCH_L4_MIB - held_mib(0.5) - CONTEXT_MIB) * 2**20  # the first's share and context, the second's context
     want = (f"ValueError: Free memory on device cuda:0 ({round(free / 2**30, 2)}/{round(TORCH_L4_MIB / 1024, 2)} GiB) "
             f"{FREE_TEXT} (0.5, {round(int(0.5 * TORCH_L4_MIB * 2**20) / 2**30, 2)} GiB). Decrease GPU memory utilization or reduce GPU "
             "memory used by other processes.")
@@ -696,7 +700,7 @@ def test_two_at_045_start_one_after_the_other(simr: Sim, standin: Path) -> None:
     for port in ports:
         names.append(simr.start([*LITE, "--gpu-memory-utilization", "0.45"], port, standin=standin))
         simr.wait_healthy(names[-1], port)
-    assert smi_used(standin)[0] == 2 * share_mib(0.45)
+    assert smi_used(standin)[0] == 2 * held_mib(0.45)
     for port in ports:
         assert http("GET", f"http://127.0.0.1:{port}/v1/models")[0] == 200
 

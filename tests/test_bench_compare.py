@@ -122,6 +122,7 @@ def test_the_interval_beside_a_verdict_is_at_the_verdict_s_level() -> None:
     for d in (a, b):  # the interval at the verdict's level excludes 1 exactly when CHANGED
         assert d["changed"] == (not d["adjusted_interval"][0] <= 1.0 <= d["adjusted_interval"][1])
     line = next(ln for ln in bc.table(out, old, new) if ln.startswith("  q4 latency") and ln.endswith("CHANGED"))
+    assert line.startswith(f"  q4 latency    100.0 -> 110.0 ms (mean of the run medians) (x{b['ratio']:.3f}, ")
     lo, hi = b["adjusted_interval"]
     assert f"95 % [{b['interval'][0]:.3f}, {b['interval'][1]:.3f}]" in line
     assert f"{100 * b['adjusted_level']:.2f} % at the verdict's level [{lo:.3f}, {hi:.3f}]" in line

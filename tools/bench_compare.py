@@ -209,8 +209,8 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
                 how = "exact" if c["exact"] else f"normal approximation, p within +-{c['max_error']:.3f}"
                 lines.append(f"  calibration   {label} {c['old']:.3f} -> {c['new']:.3f} (paired, n={c['pairs']}; "
                              f"sign-flip, {how}: {_p(c)}){_flag(c)}")
-        lines += [f"  {q} latency    {_run_line(r['latency'][q], 'ms (run medians)', '{:.1f}')}" for q in ("q2", "q4")]
-        lines += [f"  closed loop c={c}: {_run_line(d, 'req/s', '{:.1f}')}" for c, d in r["throughput"].items()]
+        lines += [f"  {q} latency    {_run_line(r['latency'][q], 'ms (mean of the run medians)', '{:.1f}')}" for q in ("q2", "q4")]
+        lines += [f"  closed loop c={c}: {_run_line(d, 'req/s (mean of the runs)', '{:.1f}')}" for c, d in r["throughput"].items()]
     return lines
 
 
@@ -241,7 +241,7 @@ def plot(result: dict[str, Any], path: str, simulated: bool) -> None:
     left.axvline(0, color="black", linewidth=0.8)
     left.set_xlabel("answers flipped per question: right->wrong (left), wrong->right (right)")
     right.axvline(1, color="black", linewidth=0.8)
-    right.set_xlabel("4-question latency, new / old mean of run medians [interval at the verdict's adjusted level] "
+    right.set_xlabel("4-question latency, new / old geometric mean of the run medians [interval at the verdict's level] "
                      "(hollow: one run, no interval)")
     for ax in (left, right):
         ax.grid(True, alpha=0.3)

@@ -44,6 +44,10 @@ def test_order_statistic_intervals_against_scipy() -> None:
     for q, n in ((50, 5), (95, 71), (99, 367)):
         assert st.order_ranks(q, n) is None and st.percentile_interval([1.0] * n, q) is None
     assert st.order_ranks(50, 0) is None
+    # another level: at 50 % the p50 of 20 samples has ranks (8, 13): P(B <= 7) = 0.1316 <= 0.25 < P(B <= 8) = 0.2517,
+    # P(B <= 11) = 0.7483 < 0.75 <= P(B <= 12) = 0.8684 for B ~ Binomial(20, 1/2)
+    assert st.percentile_interval([float(x) for x in range(1, 21)], 50, alpha=0.5) == [float(r) for r in st.order_ranks(50, 20, 0.5)]
+    assert st.order_ranks(50, 20, 0.5) != st.order_ranks(50, 20)
     for bad in (0, 100):
         with pytest.raises(ValueError, match="is not within 0-100"):
             st.order_ranks(bad, 10)
@@ -106,6 +110,8 @@ def test_welch_against_scipy() -> None:
     one = st.welch([1.0, 2.0], [1.5, 1.5])  # spread on one side only: df = n - 1 of that side
     assert one["df"] == pytest.approx(1.0) and one["diff"] == 0.0 and one["p"] == pytest.approx(1.0)
     assert st.welch([1.0, 2.0, 3.0], [2.0, 3.0, 4.0], alpha=0.5)["interval"][1] < w["interval"][1]
+    # equal, non-zero spreads: scipy.stats.ttest_ind([2, 3, 4], [1, 2, 3], equal_var=False).pvalue 0.2878641347266908
+    assert st.welch([1.0, 2.0, 3.0], [2.0, 3.0, 4.0])["p"] == pytest.approx(0.2878641347266908, rel=1e-9)
 
 
 def test_sign_flip_against_scipy() -> None:

@@ -165,7 +165,7 @@ def test_shares_within_the_cap_that_vllm_refuses_beside_the_others_contexts(cata
     share = int(L4 * 2**20 * float(util)) / 2**30
     assert (f"d3_models[{count - 1}] (e{count - 1}): vLLM refuses to start it on GPU 0 after " in error
             and f"'ValueError: Free memory on device cuda:0 ({free}/22.03 GiB) on startup is less than desired GPU memory "
-            f"utilization ({util}, {share:.2f} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.'" in error)  # fmt: skip
+            f"utilization ({util}, {round(share, 2)} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.'" in error)  # fmt: skip
     # one fewer starts: 22,560 - 512 - (count - 2) x (share + 512) covers the share
     assert plan(catalog_vars, 1, *edges(count - 1, util))["errors"] == []
 

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (each branch of the grid is kept on one line)
 """Issue 33: the planner's startup figures against the lab simulator's, computed independently from vLLM's source.
 
 The planner (d3_plan / kv_cache_figures) and the simulator (lab/simulator/vllm_sim.py startup_memory, imported
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 import testkit
-from d3_planner import MIB, d3_plan, kv_cache_figures, mib_of_gb
+from d3_planner import MIB, d3_plan, kv_cache_figures, mib_of_gb, parse_bytes, tp_refusal, vllm_total_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = testkit.load_file("vllm_sim_second_opinion", ROOT / "lab/simulator/vllm_sim.py")
@@ -34,79 +35,155 @@ L4 = {"name": "NVIDIA L4", "nvidia_smi": 23034, "compute_cap": "8.9"}
 BLACKWELL = {"name": "NVIDIA RTX PRO 6000", "nvidia_smi": 97887, "compute_cap": "12.0"}
 
 
+def config(size: str, variant: str, spec: dict[str, Any], entry: dict[str, Any], gpu: dict[str, Any], util: float,
+           length: int, tp: int | None = None, extra: tuple[str, ...] = (), eager: bool = True) -> dict[str, Any]:
+    return {"size": size, "variant": variant, "repo": spec.get("hf_repo", entry["hf_repo"]).split("/")[1], "gpu": gpu,
+            "util": util, "length": length, "tp": tp or int(spec.get("tensor_parallel_size", entry["tensor_parallel_size"])),
+            "online_fp8": spec.get("quantization_flag", "fp8") == "fp8", "extra": extra, "eager": eager,
+            "branch": tp is not None or bool(extra) or not eager,
+            "weights_mib": mib_of_gb(float(spec.get("weights_gb", entry["weights_fp8_gb"])))}  # fmt: skip
+
+
 def grid(catalog_vars: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every size and variant at four lengths and two shares (eager, chunked prefill off), then the branches: TP sizes
+    (split, replicated KV heads, refused by vLLM's checks), CUDA graphs (no --enforce-eager: refused at capture on an
+    L4, figures on a large GPU), chunked prefill (a 2048-token batch, an explicit one, max_num_seqs above it),
+    --kv-cache-memory-bytes (a pool that fits, one that overflows the GPU, one too small for a sequence) and a
+    context shorter than the attention block (and one of 4 tokens, whose default batch max_num_seqs caps)."""
     out = []
-    for size, entry in catalog_vars["d3_catalog"].items():
+    catalog = catalog_vars["d3_catalog"]
+    for size, entry in catalog.items():
         for variant, spec in entry["variants"].items():
             spec = spec or {}
-            repo = spec.get("hf_repo", entry["hf_repo"]).split("/")[1]
             gpu = BLACKWELL if float(spec.get("min_compute_capability", 0)) > 8.9 else L4
             base_util = float(spec.get("gpu_memory_utilization", entry["gpu_memory_utilization"]))
             for util in sorted({base_util, 0.9 if base_util < 0.9 else 0.6}):
                 for length in LENGTHS:
-                    out.append({"size": size, "variant": variant, "repo": repo, "gpu": gpu, "util": util, "length": length,
-                                "tp": int(spec.get("tensor_parallel_size", entry["tensor_parallel_size"])),
-                                "online_fp8": spec.get("quantization_flag", "fp8") == "fp8",
-                                "weights_mib": mib_of_gb(float(spec.get("weights_gb", entry["weights_fp8_gb"])))})
+                    out.append(config(size, variant, spec, entry, gpu, util, length))
+    for size, entry in catalog.items():
+        variant = entry["default_variant"]
+        spec, util = entry["variants"][variant] or {}, float(entry["gpu_memory_utilization"])
+
+        def add(gpu: dict[str, Any] = L4, length: int = 8192, **more: Any) -> None:
+            out.append(config(size, variant, spec, entry, gpu, util, length, **more))  # noqa: B023
+
+        for tp in (2, 3, 4, 8):
+            add(tp=tp)
+        add(eager=False)  # the encoder probe at capture on 22.03 GiB
+        add(BLACKWELL, eager=False)
+        add(BLACKWELL, 32768, eager=False)
+        add(length=32768, extra=("--enable-chunked-prefill",))
+        add(length=131072, extra=("--enable-chunked-prefill", "--max-num-batched-tokens=4096"))
+        add(extra=("--enable-chunked-prefill", "--max-num-batched-tokens=128", "--max-num-seqs=256"))
+        add(extra=("--enable-chunked-prefill", "--max-num-batched-tokens=128"))
+        add(extra=("--kv-cache-memory-bytes=2G",))
+        add(length=32768, extra=("--kv-cache-memory-bytes=1.5g",))
+        add(extra=("--kv-cache-memory-bytes=30G",))
+        add(extra=("--kv-cache-memory-bytes=1M",))
+        add(length=512)
+        add(length=4)  # the default batch capped at max_num_seqs x max_model_len
     return out
 
 
+def flag(c: dict[str, Any], name: str) -> str | None:
+    return next((f.split("=", 1)[1] for f in c["extra"] if f.startswith(name + "=")), None)
+
+
 def planner(catalog_vars: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
-    """The plan of one instance on as many GPUs as its TP: its kv_cache figures, or its refusal."""
+    """The plan of one instance on as many GPUs as its TP: its kv_cache figures, or the refusal it quotes: vLLM's
+    exception and message (tp_refusal, kv_cache_figures' refusal), which the plan's error must contain verbatim."""
     gpus = [{"index": i, "name": c["gpu"]["name"], "memory_total_mib": c["gpu"]["nvidia_smi"], "compute_cap": c["gpu"]["compute_cap"]}
             for i in range(c["tp"])]  # fmt: skip
-    item = {"model": c["size"], "variant": c["variant"],
-            "extra_args": [f"--max-model-len={c['length']}", f"--gpu-memory-utilization={c['util']}"]}  # fmt: skip
+    args = [f"--max-model-len={c['length']}", f"--gpu-memory-utilization={c['util']}", f"--tensor-parallel-size={c['tp']}",
+            *c["extra"], *([] if c["eager"] else ["--no-enforce-eager"])]  # fmt: skip
+    item = {"model": c["size"], "variant": c["variant"], "extra_args": args}
     result = d3_plan([item], catalog_vars["d3_catalog"], catalog_vars["d3_catalog_common"], gpus, "grid",
-                     {"api_key_set": True, "allow_non_l4": True})  # fmt: skip
+                     {"api_key_set": True, "allow_non_l4": True, "allow_cuda_graphs": True})  # fmt: skip
     if result["errors"]:
-        return {"refused": result["errors"][0]}
+        (error,) = result["errors"]
+        arch = catalog_vars["d3_catalog"][c["size"]]["architecture"]
+        reason = tp_refusal(arch["text"], c["tp"])
+        if reason is None:
+            kv_bytes, batched, seqs = flag(c, "--kv-cache-memory-bytes"), flag(c, "--max-num-batched-tokens"), flag(c, "--max-num-seqs")
+            fig = kv_cache_figures(arch, {
+                "--max-model-len": c["length"], "--gpu-memory-utilization": c["util"], "--enforce-eager": c["eager"],
+                "--quantization": "fp8" if c["online_fp8"] else None, "--enable-chunked-prefill": "--enable-chunked-prefill" in c["extra"],
+                "--max-num-batched-tokens": None if batched is None else parse_bytes(batched),
+                "--max-num-seqs": None if seqs is None else int(seqs),
+                "--kv-cache-memory-bytes": None if kv_bytes is None else parse_bytes(kv_bytes),
+                "fp8_activations": c["online_fp8"] or c["variant"] == "fp8"},
+                vllm_total_mib(gpus[0], catalog_vars["d3_catalog_common"]["gpu_models"]), c["tp"], c["weights_mib"])  # fmt: skip
+            assert fig["refusal"], error
+            reason = f"{EXCEPTION[fig['refusal']['kind']]}: {fig['refusal']['message']}"
+        assert reason.split(": ", 1)[1] in error, (reason, error)
+        return {"refused": reason}
     (inst,) = result["instances"]
     return {"tokens": inst["kv_cache"]["gpu_kv_cache_tokens"], "concurrency": inst["kv_cache"]["max_concurrency"],
             "block": inst["kv_cache"]["block_size"], "batched": inst["kv_cache"]["max_num_batched_tokens"]}  # fmt: skip
 
 
+# the exception each of the planner's refusal kinds stands for in vLLM
+EXCEPTION = {"batched_tokens": "ValueError", "max_num_seqs": "ValueError", "profile_oom": "torch.OutOfMemoryError",
+             "no_kv_memory": "ValueError", "max_seq_len": "ValueError"}  # fmt: skip
+
+
 def simulator(c: dict[str, Any], weights_mib: int | None = None) -> dict[str, Any]:
-    """The simulator's accounting for the same instance: the lab mirror's config.json (a variant's carries its
-    quantization_config; NVFP4, not mirrored, its base size's), the same weights in GPU memory, the GPU's total as
-    its stand-in table gives it."""
+    """The simulator's accounting for the same instance, from its own argument parser: the lab mirror's config.json (a
+    variant's carries its quantization_config; NVFP4, not mirrored, its base size's), the same weights in GPU memory,
+    the GPU's total as its stand-in table gives it; tensor_parallel_error before the memory."""
     name = c["repo"] if c["repo"] in {*MIRROR.MODELS, *MIRROR.VARIANTS} else c["size"]
     config = MIRROR.config_json(name)
     quantization = "fp8" if c["online_fp8"] else None
     args = SIM.parse_args(["--model", "x", "--max-model-len", str(c["length"]), "--gpu-memory-utilization", str(c["util"]),
-                           "-tp", str(c["tp"]), "--enforce-eager", *(["--quantization", "fp8"] if quantization else [])])  # fmt: skip
+                           "-tp", str(c["tp"]), *(["--enforce-eager"] if c["eager"] else []), *c["extra"],
+                           *(["--quantization", "fp8"] if quantization else [])])  # fmt: skip
     weights = (c["weights_mib"] if weights_mib is None else weights_mib) * MIB * (2 if c["online_fp8"] else 1)
     model = SIM.Model(c["repo"], Path("/nonexistent"), config, weights)
     SIM.verify_quantization(args, model)
+    split = SIM.tensor_parallel_error(config, c["tp"])
+    if split:
+        return {"refused": f"{split[0]}: {split[1]}"}
     total = SIM.torch_total_mib(c["gpu"]["name"], c["gpu"]["nvidia_smi"]) * MIB
     mem = SIM.startup_memory(config, SIM.model_weight_bytes(args, model), c["tp"], c["util"], total, c["length"],
-                             eager=True, fp8=SIM.activations_fp8(config, args.quantization))  # fmt: skip
+                             batched=args.max_num_batched_tokens, chunked=bool(args.enable_chunked_prefill),
+                             eager=args.enforce_eager, kv_dtype=args.kv_cache_dtype,
+                             kv_cache_memory_bytes=args.kv_cache_memory_bytes, fp8=SIM.activations_fp8(config, args.quantization),
+                             max_num_seqs=args.max_num_seqs)  # fmt: skip
     if mem["stop"]:
-        return {"refused": mem["stop"][1]}
+        return {"refused": f"{mem['stop'][0]}: {mem['stop'][1]}"}
     return {"tokens": mem["tokens"], "concurrency": round(mem["concurrency"], 2), "block": mem["layout"].block_size,
             "batched": mem["max_num_batched_tokens"]}  # fmt: skip
 
 
 def same(plan: dict[str, Any], sim: dict[str, Any]) -> bool:
-    if "refused" in plan or "refused" in sim:  # the same stop: vLLM's own sentence begins both
-        return "refused" in plan and "refused" in sim and kind(plan["refused"]) == kind(sim["refused"])
+    """Exactly the same: the figures (integer tokens, concurrency to two decimals, block, batch), or the same refusal,
+    exception and whole message."""
     return plan == sim
 
 
-def kind(message: str) -> str:
-    for words in ("To serve at least one request", "No available memory for the cache blocks", "out of memory",
-                  "max_num_batched_tokens ("):  # fmt: skip
-        if words in message:
-            return words
-    return message
-
-
-def test_the_grid_covers_every_size_and_variant(catalog_vars: dict[str, Any]) -> None:
+def test_the_grid_covers_every_size_and_variant_and_each_branch(catalog_vars: dict[str, Any]) -> None:
     cells = grid(catalog_vars)
     assert len(cells) >= 40
     assert {(c["size"], c["variant"]) for c in cells} == {(s, v) for s, e in catalog_vars["d3_catalog"].items() for v in e["variants"]}
-    starts = [c for c in cells if "tokens" in planner(catalog_vars, c)]
+    plans = [(c, planner(catalog_vars, c)) for c in cells]
+    starts = [c for c, p in plans if "tokens" in p]
     assert len(starts) >= 40  # most of the grid starts: the comparison is of figures, not only of refusals
+    reasons = {p["refused"].split(" ", 1)[0] for _, p in plans if "refused" in p}
+    assert reasons == {"ValueError:", "AssertionError:", "torch.OutOfMemoryError:"} or reasons >= {"ValueError:", "AssertionError:"}
+    branch = {
+        "a TP vLLM's divide() refuses": any(c["tp"] == 3 and c["size"] == "d3" and "not divisible" in p.get("refused", "") for c, p in plans),
+        "replicated KV heads (the 27B at TP 8)": any(c["tp"] == 8 and c["size"] == "d3" and p.get("block") == 400 for c, p in plans),
+        "CUDA graphs refused at capture on an L4": any(not c["eager"] and "CUDA graph capture" in p.get("refused", "") for c, p in plans),
+        "CUDA graphs counted on a large GPU": any(not c["eager"] and "tokens" in p for c, p in plans),
+        "chunked prefill's 2048-token batch": any("--enable-chunked-prefill" in c["extra"] and p.get("batched") == 2048 for c, p in plans),
+        "max_num_seqs above the batch": any("must be greater than or equal to max_num_seqs" in p.get("refused", "") for _, p in plans),
+        "--kv-cache-memory-bytes figures": any(flag(c, "--kv-cache-memory-bytes") and "tokens" in p for c, p in plans),
+        "--kv-cache-memory-bytes beyond the GPU": any(flag(c, "--kv-cache-memory-bytes") and "KV cache" in p.get("refused", "")
+                                                     and "out of memory" in p.get("refused", "") for c, p in plans),
+        "--kv-cache-memory-bytes below one sequence": any(flag(c, "--kv-cache-memory-bytes") and "To serve at least one request" in p.get("refused", "") for c, p in plans),
+        "a context below the attention block": any(c["length"] == 512 and p.get("tokens", 1) % 512 == 0 and p.get("block", 0) > 512 for c, p in plans),
+    }  # fmt: skip
+    assert [name for name, seen in branch.items() if not seen] == []
 
 
 def test_planner_and_simulator_agree_exactly_on_the_grid(catalog_vars: dict[str, Any]) -> None:
@@ -125,7 +202,7 @@ def test_the_one_input_the_lab_mirror_gives_differently(catalog_vars: dict[str, 
     mirror's weights, the planner's arithmetic gives the simulator's figures."""
     named = []
     for c in grid(catalog_vars):
-        if c["repo"] not in {*MIRROR.MODELS, *MIRROR.VARIANTS} or c["length"] != 8192:
+        if c["repo"] not in {*MIRROR.MODELS, *MIRROR.VARIANTS} or c["length"] != 8192 or c["branch"]:
             continue
         mirror_mib = MIRROR.simulated_bytes(c["repo"]) // MIB // (2 if c["online_fp8"] else 1)
         if mirror_mib != c["weights_mib"]:
@@ -136,7 +213,7 @@ def test_the_one_input_the_lab_mirror_gives_differently(catalog_vars: dict[str, 
                                       "--quantization": "fp8" if c["online_fp8"] else None,
                                       "fp8_activations": c["online_fp8"] or c["variant"] == "fp8"},
                                SIM.torch_total_mib(c["gpu"]["name"], c["gpu"]["nvidia_smi"]), c["tp"], mirror_mib)  # fmt: skip
-        plan = {"refused": fig["refusal"]["message"]} if fig["refusal"] else {
+        plan = {"refused": f"{EXCEPTION[fig['refusal']['kind']]}: {fig['refusal']['message']}"} if fig["refusal"] else {
             "tokens": fig["gpu_kv_cache_tokens"], "concurrency": round(fig["max_concurrency"], 2), "block": fig["block_size"],
             "batched": fig["max_num_batched_tokens"]}  # fmt: skip
         assert same(plan, sim), (c, plan, sim)
@@ -159,13 +236,39 @@ def test_both_sides_take_the_l4_total_from_the_same_contract(catalog_vars: dict[
     assert math.isclose(l4["torch_total_mib"] / 1024, 22.03, abs_tol=0.005)
 
 
-@pytest.mark.parametrize("changed", ["planner", "simulator"])
-def test_the_comparison_fails_when_either_side_changes_alone(catalog_vars: dict[str, Any], changed: str,
+PERTURBATIONS = {
+    # one term of one side moved: the grid must disagree
+    "simulator's non-torch stand-in": ("sim", "NON_TORCH_STAND_IN_MIB", lambda v: v + 64),
+    "planner's L4 total": ("catalog", None, None),
+    "simulator's CUDA-graph probe": ("sim", "VISION_PROBE_GIB", lambda v: v + 0.01),
+    "planner's CUDA-graph probe": ("planner", "ENCODER_PROBE_GIB", lambda v: v + 0.01),
+    "simulator's TP checks": ("sim", "tensor_parallel_error", lambda v: lambda config, tp: None),
+    "planner's TP checks": ("planner", "tp_refusal", lambda v: lambda text, tp: None),
+    "planner's refusal text": ("planner", "CONSERVING_MEMORY", lambda v: v.replace("latest", "stable")),
+    "simulator's default max_num_seqs": ("sim", "SERVE_MAX_NUM_SEQS", lambda v: v - 1),
+    "planner's default max_num_seqs": ("planner", "DEFAULT_MAX_NUM_SEQS", lambda v: v - 1),
+    "simulator's block alignment": ("sim", "KV_ALIGNMENT", lambda v: 2 * v),
+}
+
+
+@pytest.mark.parametrize("change", sorted(PERTURBATIONS))
+def test_the_comparison_fails_when_either_side_changes_alone(catalog_vars: dict[str, Any], change: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Move one term of one side by 64 MiB (the simulator's non-torch stand-in, the planner's L4 total) and the grid
-    disagrees."""
-    if changed == "simulator":
-        monkeypatch.setattr(SIM, "NON_TORCH_STAND_IN_MIB", SIM.NON_TORCH_STAND_IN_MIB + 64)
-    else:
+    """Move one term of one side (a stand-in, a constant, a check, a word of a refusal) and the grid disagrees."""
+    import d3_planner
+
+    side, name, how = PERTURBATIONS[change]
+    if side == "catalog":
         monkeypatch.setitem(catalog_vars["d3_catalog_common"]["gpu_models"]["L4"], "vllm_total_mib", 22560 - 64)
-    assert any(not same(planner(catalog_vars, c), simulator(c)) for c in grid(catalog_vars))
+    else:
+        module = SIM if side == "sim" else d3_planner
+        monkeypatch.setattr(module, name, how(getattr(module, name)))
+    assert any(not same(planner_or_refusal(catalog_vars, c), simulator(c)) for c in grid(catalog_vars))
+
+
+def planner_or_refusal(catalog_vars: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    """planner(), or what differs when a perturbed planner quotes a refusal its functions no longer give."""
+    try:
+        return planner(catalog_vars, c)
+    except AssertionError as exc:
+        return {"planner inconsistent": str(exc)}

@@ -190,13 +190,16 @@ def test_tensor_parallel_splits_heads_but_keeps_one_kv_head(arch: dict[str, Any]
 @pytest.mark.parametrize(
     ("model", "max_len", "util", "tp", "weights", "kind", "message"),
     [
-        ("d3", 8192, 0.95, 1, 26627, "profile_oom", "torch.OutOfMemoryError: CUDA out of memory"),
+        ("d3", 8192, 0.95, 1, 26627, "profile_oom", "CUDA out of memory. GPU 0 has a total capacity of 22.03 GiB (weights 26.00 GiB, "
+         "profile run 1.03 GiB at 8192 tokens, non-torch 0.50 GiB, CUDA graphs 0.00 GiB)."),
         ("d3-flash", 8192, 0.3, 1, 8583, "no_kv_memory",
-         "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."),
+         "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. "
+         "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."),
         ("d3", 32768, 0.95, 1, 15450, "max_seq_len",
          "To serve at least one request with the models's max seq len (32768), (2.15 GiB KV cache is needed, which is larger than the "
          "available KV cache memory (1.22 GiB). Based on the available memory, the estimated maximum model length is 17248. Try increasing "
-         "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."),
+         "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. "
+         "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."),
     ],
 )  # fmt: skip
 def test_refusals_carry_vllms_messages(arch: dict[str, Any], model: str, max_len: int, util: float, tp: int, weights: int,

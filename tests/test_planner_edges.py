@@ -88,12 +88,12 @@ def test_an_entry_without_variants_plans_its_own_checkpoint_at_exactly_its_share
 
 def test_a_model_too_big_for_any_tensor_parallel_size() -> None:
     assert plan([{"model": "big"}])["errors"] == [
-        "host h: d3_models[0] (big): big at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 76294 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 76827 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: pick a smaller model or variant for d3_models[0]"]
+        "host h: d3_models[0] (big): big at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 76294 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 76827 MiB per GPU, more than the GPU holds beside the CUDA context (CUDA out of memory. GPU 0 has a total capacity of 9.77 GiB (weights 74.51 GiB, profile run 0.02 GiB at 4096 tokens, non-torch 0.50 GiB, CUDA graphs 0.00 GiB).). Fix: pick a smaller model or variant for d3_models[0]"]
 
 
 def test_a_chosen_variant_without_enforce_eager_counts_the_encoder_probe() -> None:
     assert plan([{"model": "multi", "variant": "ampere", "extra_args": ["--no-enforce-eager"]}], gpus=[{**GPU[0], "compute_cap": ""}])["errors"] == [
-        "host h: d3_models[0] (multi): multi variant ampere at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 2952 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 + encoder probe 18842 (CUDA graph capture without --enforce-eager) = 22327 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: pick a smaller model or variant for d3_models[0]; or keep --enforce-eager (remove --no-enforce-eager)"]
+        "host h: d3_models[0] (multi): multi variant ampere at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 2952 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 + encoder probe 18842 (CUDA graph capture without --enforce-eager) = 22327 MiB per GPU, more than the GPU holds beside the CUDA context (CUDA out of memory during CUDA graph capture. Tried to allocate 18.40 GiB (fixed vision-encoder profiling allocation). GPU 0 has a total capacity of 9.77 GiB of which 6.36 GiB is free. Use --enforce-eager.). Fix: pick a smaller model or variant for d3_models[0]; or keep --enforce-eager (remove --no-enforce-eager)"]
     fits = plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.37"]}])  # eager: no probe
     assert fits["errors"] == []
     assert fits["instances"][0]["vram_arithmetic_mib_per_gpu"]["kv_pool_mib"] == 214
@@ -106,7 +106,7 @@ def test_a_chosen_variant_without_enforce_eager_counts_the_encoder_probe() -> No
 
 def test_a_kv_cache_too_small_for_one_sequence_gets_vllms_refusal_and_every_way_out() -> None:
     assert plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3486"]}])["errors"] == [
-        "host h: d3_models[0] (multi): multi at TP 1 is refused by vLLM at startup, its KV cache being too small for one sequence of --max-model-len 4096 (5 MiB): 'To serve at least one request with the models's max seq len (4096), (0.00 GiB KV cache is needed, which is larger than the available KV cache memory (0.00 GiB). Based on the available memory, the estimated maximum model length is 864. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.' (weights 2952 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 3485 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 3486 MiB). Fix: in d3_models[0].extra_args set --max-model-len=3577 (the longest that fits), or set --gpu-memory-utilization=0.36, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
+        "host h: d3_models[0] (multi): multi at TP 1 is refused by vLLM at startup, its KV cache being too small for one sequence of --max-model-len 4096 (5 MiB): 'To serve at least one request with the models's max seq len (4096), (0.0 GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, the estimated maximum model length is 864. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.' (weights 2952 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 3485 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 3486 MiB). Fix: in d3_models[0].extra_args set --max-model-len=3577 (the longest that fits), or set --gpu-memory-utilization=0.36, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
     # a shorter context also profiles fewer tokens: 3577 fits where vLLM's estimate (at 4096's profile) says 864
     assert plan([{"model": "multi", "extra_args": ["--gpu-memory-utilization=0.3486", "--max-model-len=3577"]}])["errors"] == []
 
@@ -186,7 +186,7 @@ def test_shares_add_up_on_a_gpu() -> None:
     tight = d3_plan([{**m, "extra_args": ["--gpu-memory-utilization=0.29", "--max-model-len=16"]} for m in fixed], catalog, COMMON,
                     l4_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})  # fmt: skip
     assert tight["errors"][0].endswith(
-        "Fix: move d3_models[3] to another GPU (its `gpus:`) or host (at the 0.02 left, s3 itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 95 + profile-run peak 11 (2048 tokens x 5376 B) + non-torch 512 = 618 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 400 MiB)")
+        "Fix: move d3_models[3] to another GPU (its `gpus:`) or host (at the 0.02 left, s3 itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.': weights 95 + profile-run peak 11 (2048 tokens x 5376 B) + non-torch 512 = 618 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 400 MiB)")
 
 
 def test_listen_address_skips_unreadable_host_addresses() -> None:
@@ -230,7 +230,7 @@ def test_an_unpinned_variant_in_its_own_repository_has_no_release_record() -> No
 
 def test_the_tensor_parallel_fix_only_offers_a_size_the_heads_divide() -> None:
     assert d3_plan([{"model": "sized"}], {"sized": sized(5904)}, COMMON, GPU, host="h", options={"allow_cuda_graphs": True})["errors"] == [
-        "host h: d3_models[0] (sized): sized at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 5904 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 6437 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 5000 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.65, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
+        "host h: d3_models[0] (sized): sized at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.': weights 5904 + profile-run peak 21 (4096 tokens x 5376 B) + non-torch 512 = 6437 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 5000 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.65, or set --tensor-parallel-size=2 (2 GPUs; the host has 1)"]
     # 4 needs more than TP 2 and ARCH's 2 key heads do not split 4 ways: no TP is offered
     (error,) = d3_plan([{"model": "sized"}], {"sized": sized(4 * 5904)}, COMMON, GPU, host="h", options={"allow_cuda_graphs": True})["errors"]
     assert error.endswith("Fix: pick a smaller model or variant for d3_models[0]")

@@ -99,7 +99,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
             H
             + "d3_models[0] (d3-mini): dropping --enforce-eager makes vLLM capture CUDA graphs, which OOMs on a 24 GB L4 (fixed 18.4 GB vision-encoder profiling allocation). Fix: remove --no-enforce-eager, or set d3_allow_cuda_graphs: true to acknowledge the risk",
             H
-            + "d3_models[0] (d3-mini): d3-mini at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 + encoder probe 18842 (CUDA graph capture without --enforce-eager) = 25745 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: pick a smaller model or variant for d3_models[0]; or keep --enforce-eager (remove --no-enforce-eager)",
+            + "d3_models[0] (d3-mini): d3-mini at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 + encoder probe 18842 (CUDA graph capture without --enforce-eager) = 25745 MiB per GPU, more than the GPU holds beside the CUDA context (CUDA out of memory during CUDA graph capture. Tried to allocate 18.40 GiB (fixed vision-encoder profiling allocation). GPU 0 has a total capacity of 22.03 GiB of which 15.29 GiB is free. Use --enforce-eager.). Fix: pick a smaller model or variant for d3_models[0]; or keep --enforce-eager (remove --no-enforce-eager)",
         ],
     ),
     "not_number": (
@@ -204,7 +204,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-27b): d3 at TP 2 is refused by vLLM at startup, its KV cache being too small for one sequence of --max-model-len 62000 (2034 MiB): 'To serve at least one request with the models's max seq len (62000), (1.99 GiB KV cache is needed, which is larger than the available KV cache memory (1.84 GiB). Based on the available memory, the estimated maximum model length is 57232. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.' (weights 13314 + profile-run peak 5722 (62000 tokens x 96768 B) + non-torch 512 = 19548 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 21432 MiB). Fix: in d3_models[0].extra_args set --max-model-len=60919 (the longest that fits), or set --gpu-memory-utilization=0.96, or set --tensor-parallel-size=4 (4 GPUs; the host has 4)",
+            + "d3_models[0] (d3-27b): d3 at TP 2 is refused by vLLM at startup, its KV cache being too small for one sequence of --max-model-len 62000 (2034 MiB): 'To serve at least one request with the models's max seq len (62000), (1.99 GiB KV cache is needed, which is larger than the available KV cache memory (1.84 GiB). Based on the available memory, the estimated maximum model length is 57232. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.' (weights 13314 + profile-run peak 5722 (62000 tokens x 96768 B) + non-torch 512 = 19548 MiB per GPU of its share (--gpu-memory-utilization x GPU memory) of 21432 MiB). Fix: in d3_models[0].extra_args set --max-model-len=60919 (the longest that fits), or set --gpu-memory-utilization=0.96, or set --tensor-parallel-size=4 (4 GPUs; the host has 4)",
         ],
     ),
     "does_not_fit_tp": (
@@ -213,7 +213,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-27b): d3 at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 26627 + profile-run peak 1232 (8192 tokens x 157696 B) + non-torch 512 = 28371 MiB per GPU, more than the GPU holds beside the CUDA context. Fix: in d3_models[0].extra_args set --tensor-parallel-size=2 (2 GPUs; the host has 2)",
+            + "d3_models[0] (d3-27b): d3 at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): weights 26627 + profile-run peak 1232 (8192 tokens x 157696 B) + non-torch 512 = 28371 MiB per GPU, more than the GPU holds beside the CUDA context (CUDA out of memory. GPU 0 has a total capacity of 22.03 GiB (weights 26.00 GiB, profile run 1.20 GiB at 8192 tokens, non-torch 0.50 GiB, CUDA graphs 0.00 GiB).). Fix: in d3_models[0].extra_args set --tensor-parallel-size=2 (2 GPUs; the host has 2)",
         ],
     ),
     "does_not_fit_util": (
@@ -222,7 +222,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[0] (d3-flash): d3-flash at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 896 (8192 tokens x 114688 B) + non-torch 512 = 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 6768 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.46, or set --tensor-parallel-size=2 (2 GPUs; the host has 2)",
+            + "d3_models[0] (d3-flash): d3-flash at TP 1 is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.': weights 8583 + profile-run peak 896 (8192 tokens x 114688 B) + non-torch 512 = 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 6768 MiB. Fix: in d3_models[0].extra_args set --gpu-memory-utilization=0.46, or set --tensor-parallel-size=2 (2 GPUs; the host has 2)",
         ],
     ),
     "bad_revision": (
@@ -300,7 +300,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[1] (d3-mini): VRAM over budget on GPU 0: its share of 10152 MiB (--gpu-memory-utilization 0.45 x 22560 MiB) on top of d3-flash 20304 MiB (0.9) makes 30456 MiB, over the 20755 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, d3-mini itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 = 6903 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
+            + "d3_models[1] (d3-mini): VRAM over budget on GPU 0: its share of 10152 MiB (--gpu-memory-utilization 0.45 x 22560 MiB) on top of d3-flash 20304 MiB (0.9) makes 30456 MiB, over the 20755 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, d3-mini itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.': weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 = 6903 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
         ],
     ),
     "share_auto": (
@@ -309,7 +309,7 @@ REFUSALS: dict[str, tuple[list[Any], int, dict[str, Any], list[str]]] = {
         {},
         [
             H
-            + "d3_models[1] (flash-b): VRAM over budget: no 1 GPU(s) with 20304 MiB (--gpu-memory-utilization 0.9) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: d3-flash 20304 MiB (0.9)). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, flash-b itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.': weights 8583 + profile-run peak 896 (8192 tokens x 114688 B) + non-torch 512 = 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
+            + "d3_models[1] (flash-b): VRAM over budget: no 1 GPU(s) with 20304 MiB (--gpu-memory-utilization 0.9) left within d3_gpu_share_cap 0.92 of each GPU's memory (GPU 0: d3-flash 20304 MiB (0.9)). Fix: move d3_models[1] to another GPU (its `gpus:`) or host (at the 0.02 left, flash-b itself would not start: is refused by vLLM at startup: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.': weights 8583 + profile-run peak 896 (8192 tokens x 114688 B) + non-torch 512 = 9991 MiB per GPU fill its share (--gpu-memory-utilization x GPU memory) of 451 MiB)",
         ],
     ),
     "tp_host": (

@@ -107,6 +107,9 @@ ENCODER_PROBE_GIB = 18.4
 # snapshot, so they sit outside the --gpu-memory-utilization share but inside the GPU. No source gives the number;
 # the field report bounds it: its 0.95 share started on an L4, so context + NCCL <= 5 % of 23034 MiB = 1151 MiB.
 CUDA_CONTEXT_MIB = 512
+# The sentence vLLM ends its KV cache refusals with (kv_cache_utils.py _check_enough_kv_cache_memory; as vLLM's logs
+# print it: the URL ends in "/", not ".html")
+CONSERVING_MEMORY = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
 # Memory the profile run allocates outside torch's allocator (cuBLAS / NCCL workspaces): vLLM measures it
 # (memory_profiling's non_torch_increase); its size is not in the source. A margin, d3_vram_overhead_mib.
 NON_TORCH_MIB = 512
@@ -203,7 +206,13 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _gib(value: int) -> str:
-    """vLLM's format_gib: bytes as GiB with two decimals."""
+    """vLLM's format_gib (vllm/utils/mem_utils.py) and gpu_worker.py's GiB(): `round(b / GiB_bytes, 2)`, a float
+    printed as Python prints it: 3.3, not 3.30."""
+    return str(round(value / GIB, 2))
+
+
+def _gib2(value: int) -> str:
+    """GiB with two decimals (torch's style, in this project's out-of-memory wording)."""
     return f"{value / GIB:.2f}"
 
 
@@ -400,10 +409,21 @@ def kv_cache_figures(
         figures["refusal"] = {"kind": "max_num_seqs", "message": f"max_num_batched_tokens ({batched}) must be greater than "
                               f"or equal to max_num_seqs ({max_num_seqs})."}  # fmt: skip
     elif in_gpu > (int(gpu_total_mib) - int(cuda_context_mib)) * MIB:
-        figures["refusal"] = {"kind": "profile_oom", "message": "torch.OutOfMemoryError: CUDA out of memory"}
+        # torch's OutOfMemoryError, in this project's words (torch's own names sizes no model gives): at CUDA graph
+        # capture when the profile run alone fits, else in the profile run
+        total = int(gpu_total_mib) * MIB
+        if probe and in_gpu - probe <= total - int(cuda_context_mib) * MIB:
+            oom = (f"CUDA out of memory during CUDA graph capture. Tried to allocate {ENCODER_PROBE_GIB:.2f} GiB (fixed "
+                   f"vision-encoder profiling allocation). GPU 0 has a total capacity of {_gib2(total)} GiB of which "
+                   f"{_gib2(max(0, total - in_gpu + probe))} GiB is free. Use --enforce-eager.")  # fmt: skip
+        else:
+            oom = (f"CUDA out of memory. GPU 0 has a total capacity of {_gib2(total)} GiB (weights {_gib2(weights_bytes)} GiB, "
+                   f"profile run {_gib2(peak)} GiB at {batched} tokens, non-torch {_gib2(int(non_torch_mib) * MIB)} GiB, CUDA "
+                   f"graphs {_gib2(probe)} GiB" + ("" if fixed is None else f", KV cache {_gib2(int(fixed))} GiB") + ").")
+        figures["refusal"] = {"kind": "profile_oom", "message": oom}
     elif available <= 0:
         figures["refusal"] = {"kind": "no_kv_memory", "message": "No available memory for the cache blocks. Try "
-                              "increasing `gpu_memory_utilization` when initializing the engine."}  # fmt: skip
+                              f"increasing `gpu_memory_utilization` when initializing the engine. {CONSERVING_MEMORY}"}  # fmt: skip
     elif needed > available:
         based = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
                  if estimated > 0 else "")  # fmt: skip
@@ -411,7 +431,7 @@ def kv_cache_figures(
             "kind": "max_seq_len",
             "message": f"To serve at least one request with the models's max seq len ({max_len}), ({_gib(needed)} GiB KV "
             f"cache is needed, which is larger than the available KV cache memory ({_gib(available)} GiB). {based}Try "
-            "increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+            f"increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. {CONSERVING_MEMORY}",
         }
     return figures
 
@@ -819,8 +839,8 @@ class _Planner:
             return f"is refused by vLLM at startup: '{refusal['message']}' (vllm/config/scheduler.py)"
         if refusal["kind"] == "profile_oom":
             return (
-                f"runs out of memory in vLLM's profile run ('{refusal['message']}'): {parts}, more than the GPU holds "
-                f"beside the CUDA context"
+                f"runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: CUDA out of memory'): {parts}, more "
+                f"than the GPU holds beside the CUDA context ({refusal['message']})"
             )
         if refusal["kind"] == "no_kv_memory":
             return f"is refused by vLLM at startup: '{refusal['message']}': {parts} fill {share}"

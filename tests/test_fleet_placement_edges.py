@@ -167,7 +167,9 @@ def test_a_planner_refusal_reads_as_the_fleet_item_s(place: Any) -> None:
         "d3_fleet_models[0] (d3-mini): d3-mini at TP 1 runs out of memory in vLLM's profile run ('torch.OutOfMemoryError: "
         "CUDA out of memory'): weights 3815 + profile-run peak 2576 (32768 tokens x 82432 B) + non-torch 512 + encoder probe "
         "18842 (CUDA graph capture without --enforce-eager) = 25745 MiB per GPU, more than the GPU holds beside the CUDA "
-        "context. Fix: pick a smaller model or variant for d3_fleet_models[0]; or keep --enforce-eager (remove "
+        "context (CUDA out of memory during CUDA graph capture. Tried to allocate 18.40 GiB (fixed vision-encoder profiling "
+        "allocation). GPU 0 has a total capacity of 22.03 GiB of which 15.29 GiB is free. Use --enforce-eager.). Fix: pick a "
+        "smaller model or variant for d3_fleet_models[0]; or keep --enforce-eager (remove "
         "--no-enforce-eager)",
     ]
     # only the planner's "d3_models[0] (name): " is cut: the rest of the message, even a "): " in a value, stays

@@ -223,3 +223,24 @@ def test_a_second_half_share_is_refused_as_vllm_refuses_it(monkeypatch: pytest.M
     # 0.45 beside it fits: 10,256 MiB free for 10,152; and the claim it holds is its share and its context
     sim_start(monkeypatch, 11280 + 512, "0.45")
     assert SIM.CLAIM.current == {"GPU-0": 10152 + 512}
+
+
+# -- 6. the simulator's parser: vLLM's human_readable_int, and the KV dtypes -------------------------------------------
+@pytest.mark.parametrize(("text", "value"), [("8192", 8192), (" 8k ", 8000), ("25.6k", 25600), ("1K", 1024), ("2G", 2 * 2**30),
+                                             ("1.5g", 1_500_000_000), ("1t", 10**12), ("1T", 2**40)])  # fmt: skip
+def test_lengths_parse_as_vllms_human_readable_int(text: str, value: int) -> None:
+    assert SIM.parse_len(text) == value
+
+
+@pytest.mark.parametrize("text", ["1.5G", "1.5K", "8 k", "x", "1.5"])
+def test_what_vllms_human_readable_int_refuses(text: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        SIM.parse_len(text)
+
+
+def test_the_simulator_takes_float16_kv_cache_as_two_bytes() -> None:
+    args = SIM.parse_args(["--model", "x", "--kv-cache-dtype", "float16"])
+    config = {"text_config": dict(SIM.QWEN3_5_DEFAULTS)}
+    assert SIM.kv_layout(config, args.kv_cache_dtype, 1) == SIM.kv_layout(config, "auto", 1)

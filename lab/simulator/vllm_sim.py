@@ -98,7 +98,9 @@ MIB = 1024**2
 # Field report: vLLM's profiling of the Qwen3.5 vision encoder during CUDA graph capture allocates a fixed 18.4 GB.
 VISION_PROBE_GIB = 18.40
 DEFAULT_MAX_POSITIONS = 262144
-KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
+# --kv-cache-dtype choices this simulator models (vllm/config/cache.py CacheDType has these and more): the unquantized
+# three (2 bytes for D3) and the FP8 spellings (1 byte; they die on D3's first encoder-attention request)
+KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes",
                  "gguf", "modelopt", "fbgemm_fp8", "mxfp4", "experts_int8")
 MAX_QUESTIONS = 64
@@ -155,12 +157,24 @@ def die(err: SimExit) -> NoReturn:
 
 # --------------------------------------------------------------------------------------------- arguments
 def parse_len(text: str) -> int:
-    """vLLM accepts human-readable lengths (8192, 8k, 32K, 1m)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"invalid length: {text!r}")
-    mult = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}[m.group(2)]
-    return int(float(m.group(1)) * mult)
+    """vLLM's human_readable_int (vllm/engine/arg_utils.py), the type of --max-num-batched-tokens and
+    --kv-cache-memory-bytes: '25.6k' -> 25,600 (decimal suffixes k m g t take decimals), '1K' -> 1,024 (binary K M G T
+    take whole numbers only: '1.5G' is refused), else a plain int()."""
+    value = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in "kmgt":
+            return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
+        try:
+            return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"Decimals are not allowed with binary suffixes like {suffix}. Did you "
+                                             f"mean to use {number}{suffix.lower()} instead?") from None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

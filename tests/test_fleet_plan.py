@@ -17,10 +17,12 @@ from d3_fleet_plan import (
     FilterModule,
     declared_gpus,
     did_you_mean,
+    fleet_place_options,
     fleet_plan,
     hub_warning,
     image_checks,
     image_problems,
+    plan_option_vars,
     plan_options,
     spec_problems,
     summary,
@@ -29,6 +31,7 @@ from d3_fleet_plan import (
 )
 from d3_planner import d3_plan
 from l4 import l4_gpus
+from testkit import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[1]
 VARS = yaml.safe_load((ROOT / "roles/d3/vars/main.yml").read_text())
@@ -42,15 +45,35 @@ def host(**extra: Any) -> dict[str, Any]:
     return {"d3_gpu_count": 4, "d3_models": THREE, "d3_image_name": IMAGE, "d3_image_anonymous_pull_warn_hosts": 3, **extra}
 
 
-def test_the_option_mapping_is_the_d3_role_s() -> None:
-    """roles/d3/tasks/main.yml passes these variables as these planner options: the two stay one mapping."""
-    tasks = yaml.safe_load((ROOT / "roles/d3/tasks/main.yml").read_text())
-    text = next(t for t in tasks if t["name"] == "Plan the D3 instances")["ansible.builtin.set_fact"]["d3_host_plan"]
-    pairs = dict(re.findall(r"'(\w+)': (d3_\w+)", text))
-    assert {k: v for k, v in pairs.items() if k in OPTION_VARS} == OPTION_VARS
-    assert {k: v for k, v in pairs.items() if k in BOOL_OPTION_VARS} == BOOL_OPTION_VARS
-    assert set(pairs) - set(OPTION_VARS) - set(BOOL_OPTION_VARS) == {"revisions", "capabilities", "api_key_set"}
-    assert set(OPTION_VARS.values()) | set(BOOL_OPTION_VARS.values()) <= set(PLAN_VARS)
+def test_the_option_mapping_has_one_place() -> None:
+    """roles/d3/tasks/main.yml names no planner option: it looks up the variables d3_plan_option_vars names and passes
+    them through d3_plan_options / d3_fleet_place_options, the functions plan.yml's one pass uses (OPTION_VARS)."""
+    text = (ROOT / "roles/d3/tasks/main.yml").read_text()
+    assert re.findall(r"'(\w+)': d3_\w+", text) == []  # no 'option': variable pair left in the role
+    assert "d3fleet.fleet.d3_plan_options(" in text and "d3fleet.fleet.d3_fleet_place_options" in text
+    assert "d3fleet.fleet.d3_plan_option_vars" in text
+    names = plan_option_vars()
+    assert set(OPTION_VARS.values()) | set(BOOL_OPTION_VARS.values()) <= set(names) <= set(PLAN_VARS)
+    assert fleet_place_options({"d3_allow_non_l4": "yes", "d3_gpu_share_cap": 0.9, "d3_port_base": 9000}) == {
+        "allow_non_l4": True, "allow_cuda_graphs": False, "vram_overhead_mib": None, "min_concurrency": None,
+        "gpu_share_cap": 0.9, "cuda_compat": False}  # fmt: skip
+    assert plan_options({}, ["10.0.0.1"])["host_addresses"] == ["10.0.0.1"]
+
+
+@pytest.mark.playbook
+def test_the_d3_role_plans_with_the_one_mapping(tmp_path: Path) -> None:
+    """The role's options reach the planner: a port base, a bool given as 'yes', an unset share cap (the default)."""
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "connection": "local", "gather_facts": False,
+        "vars": {"d3_gpu_count": 2, "d3_models": [{"model": "d3-edge"}, {"model": "d3-lite"}], "d3_port_base": 9100,
+                 "d3_allow_non_l4": "yes", "d3_require_pinned_revisions": False},
+        "tasks": [{"ansible.builtin.include_role": {"name": "d3"}},
+                  {"ansible.builtin.assert": {"that": ["d3_host_plan.errors == []",
+                                                       "d3_host_plan.instances | map(attribute='port') | list == [9100, 9101]"]}}],
+    }]))  # fmt: skip
+    proc = ansible_playbook(str(play), "-i", "localhost,")
+    assert proc.returncode == 0, proc.stdout[-3000:]
 
 
 def test_plan_options_from_variables() -> None:
@@ -308,7 +331,9 @@ def test_a_d3_models_that_is_not_a_list_is_refused_by_the_planner() -> None:
 
 def test_the_filters() -> None:
     assert FilterModule().filters() == {"d3_fleet_plan": fleet_plan, "d3_image_checks": image_checks,
-                                        "d3_image_hub_warning": hub_warning}  # fmt: skip
+                                        "d3_image_hub_warning": hub_warning, "d3_plan_options": plan_options,
+                                        "d3_plan_option_vars": plan_option_vars,
+                                        "d3_fleet_place_options": fleet_place_options}  # fmt: skip
 
 
 def test_a_gpu_listed_twice_does_not_hide_a_port_clash() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 try:
-    from ansible_collections.d3fleet.fleet.plugins.filter.d3_fleet import d3_fleet_place
+    from ansible_collections.d3fleet.fleet.plugins.filter.d3_fleet import DIGITS, d3_fleet_place
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_inputs import input_problems
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_metrics import metrics_rules, metrics_scrape
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_planner import d3_plan, host_gpus
@@ -26,7 +26,7 @@ try:
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_rollout import drain_problems, rollout_batches
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_router import router_backends
 except ImportError:  # the unit tests import the filters as plain modules
-    from d3_fleet import d3_fleet_place  # type: ignore[no-redef]
+    from d3_fleet import DIGITS, d3_fleet_place  # type: ignore[no-redef]
     from d3_inputs import input_problems  # type: ignore[no-redef]
     from d3_metrics import metrics_rules, metrics_scrape  # type: ignore[no-redef]
     from d3_planner import d3_plan, host_gpus  # type: ignore[no-redef]
@@ -66,7 +66,8 @@ ROLLOUT_DEFAULTS = {"d3_rollout_serial": [1, "25%", "100%"], "d3_rollout_max_una
 # to know that they are set), listed under this key of the host's variables
 VAULTED = "_vaulted"
 
-# planner option <- inventory variable, as roles/d3/tasks/main.yml passes them (revisions and the bools apart)
+# planner option <- inventory variable (revisions and the bools apart): the one mapping, for plan.yml's one pass and
+# for roles/d3/tasks/main.yml (filters d3_plan_option_vars, d3_plan_options, d3_fleet_place_options)
 OPTION_VARS = {
     "port_base": "d3_port_base",
     "listen_address": "d3_listen_address",
@@ -84,10 +85,10 @@ BOOL_OPTION_VARS = {
     "allow_unauthenticated": "d3_allow_unauthenticated",
 }
 HUB_REGISTRIES = ("docker.io", "registry-1.docker.io", "index.docker.io")
+# the d3_image role's input checks (image_checks; roles/d3_image/tasks/validate.yml and lookup.yml call the filter)
 IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9.-]*(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
 MIRROR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:_/-]*\Z")
-WHOLE_RE = re.compile(r"[0-9]+\Z")
 UNKNOWN_MODEL_RE = re.compile(r"unknown model '([^']*)'")
 UNKNOWN_VARIANT_RE = re.compile(r"(\S+) has no variant '([^']*)'(?!:)")
 # the inventory groups the playbooks read (site.yml, plan.yml, the router and monitor roles)
@@ -141,16 +142,34 @@ def group_problems(groups: Any) -> list[str]:
     return problems
 
 
-def plan_options(v: dict[str, Any]) -> dict[str, Any]:
-    """The planner options of one host from its variables (None: unset, the planner's default applies)."""
+def plan_options(v: dict[str, Any], host_addresses: list[str] | None = None) -> dict[str, Any]:
+    """The planner options of one host from its variables (None: unset, the planner's default applies); the filter
+    d3_plan_options (roles/d3/tasks/main.yml passes the host's addresses from facts; plan.yml gathers none, so its
+    bind check is site.yml's)."""
     opts: dict[str, Any] = {key: v.get(var) for key, var in OPTION_VARS.items()}
     opts.update({key: truthy(v.get(var, False)) for key, var in BOOL_OPTION_VARS.items()})
     override = v.get("d3_model_revisions_override") or {}
     opts["revisions"] = override if len(override) > 0 else v.get("d3_model_revisions") or {}
     opts["api_key_set"] = opts_key(v)
     opts["capabilities"] = v.get("d3_container_capabilities") or []
-    opts["host_addresses"] = None  # plan.yml gathers no facts: the bind check is site.yml's
+    opts["host_addresses"] = host_addresses
     return opts
+
+
+# the planner options the fleet placement (d3_fleet_place) takes
+FLEET_OPTIONS = ("allow_non_l4", "allow_cuda_graphs", "vram_overhead_mib", "min_concurrency", "gpu_share_cap", "cuda_compat")
+
+
+def fleet_place_options(v: dict[str, Any]) -> dict[str, Any]:
+    """d3_fleet_place's options from a host's variables (filter d3_fleet_place_options)."""
+    opts = plan_options(v)
+    return {key: opts[key] for key in FLEET_OPTIONS}
+
+
+def plan_option_vars(_input: Any = None) -> list[str]:
+    """The variables plan_options reads (filter d3_plan_option_vars: the role looks these up and passes them)."""
+    return [*OPTION_VARS.values(), *BOOL_OPTION_VARS.values(), "d3_model_revisions_override", "d3_model_revisions",
+            "d3_units_api_key", "d3_container_capabilities"]  # fmt: skip
 
 
 def declared_gpus(v: dict[str, Any], common: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -198,7 +217,7 @@ def image_checks(_input: dict[str, Any], host: str = "") -> dict[str, list[str]]
             "anonymous pulls."
         )
     count, number = v.get("d3_image_slice_count", 1), v.get("d3_image_slice_number", 0)
-    if not (WHOLE_RE.match(str(count)) and WHOLE_RE.match(str(number))) or int(count) < 1 or int(number) > int(count):
+    if not (DIGITS.match(str(count)) and DIGITS.match(str(number))) or int(count) < 1 or int(number) > int(count):
         checks["slices"].append(
             f"{host}: d3_image_slice_count = {as_json(count)} and d3_image_slice_number = {as_json(number)}: the count "
             "is the number of slices of this fleet run (the job template's job_slice_count; 1 = not sliced), the number "
@@ -302,11 +321,8 @@ def fleet_plan(
     placement: dict[str, Any] = {"hosts": {}, "table": [], "errors": []}
     if fleet_models:
         every = sorted(set(names) | set(group or []))
-        placement = d3_fleet_place(fleet_models, catalog, common, fleet_hosts(every, {**(others or {}), **hostvars}), {
-            "allow_non_l4": truthy(ref.get("d3_allow_non_l4", False)),
-            "allow_cuda_graphs": truthy(ref.get("d3_allow_cuda_graphs", False)),
-            "vram_overhead_mib": ref.get("d3_vram_overhead_mib"), "min_concurrency": ref.get("d3_min_concurrency"),
-            "gpu_share_cap": ref.get("d3_gpu_share_cap"), "cuda_compat": truthy(ref.get("d3_cuda_compat", False))})  # fmt: skip
+        placement = d3_fleet_place(fleet_models, catalog, common, fleet_hosts(every, {**(others or {}), **hostvars}),
+                                   fleet_place_options(ref))  # fmt: skip
     fleet_errors = placement["errors"]
     hosts: dict[str, Any] = {}
     probe: list[str] = []
@@ -515,8 +531,10 @@ def with_views(plan: dict[str, Any], views: dict[str, Any]) -> dict[str, Any]:
 
 
 class FilterModule:
-    """Ansible filters: d3_fleet_plan, d3_image_checks, d3_image_hub_warning (fleet_views and with_views are the
-    action d3fleet.fleet.fleet_plan's)."""
+    """Ansible filters: d3_fleet_plan, d3_image_checks, d3_image_hub_warning, d3_plan_options, d3_plan_option_vars,
+    d3_fleet_place_options (fleet_views and with_views are the action d3fleet.fleet.fleet_plan's)."""
 
     def filters(self) -> dict[str, Any]:
-        return {"d3_fleet_plan": fleet_plan, "d3_image_checks": image_checks, "d3_image_hub_warning": hub_warning}
+        return {"d3_fleet_plan": fleet_plan, "d3_image_checks": image_checks, "d3_image_hub_warning": hub_warning,
+                "d3_plan_options": plan_options, "d3_plan_option_vars": plan_option_vars,
+                "d3_fleet_place_options": fleet_place_options}

@@ -1,10 +1,13 @@
 # ruff: noqa: E501  (each branch of the grid is kept on one line)
-"""Issue 33: the planner's startup figures against the lab simulator's, computed independently from vLLM's source.
+"""Issue 33: the planner's startup figures against the lab simulator's, each computed from vLLM's source.
 
 The planner (d3_plan / kv_cache_figures) and the simulator (lab/simulator/vllm_sim.py startup_memory, imported
-in-process) are two ports of vLLM's startup accounting. On a grid of 80 configurations (every catalog size and
-variant, four --max-model-len, two --gpu-memory-utilization) they must agree exactly: the same integer GPU KV cache
-size, the same maximum concurrency to two decimals, the same attention block, or the same refusal. Both sides are
+in-process) are two ports of vLLM's startup accounting, separate code written from vLLM's source (what they share:
+docs/capacity.md "The second opinion"). On a grid of 182 configurations (every catalog size and
+variant, four --max-model-len, two --gpu-memory-utilization; then per size the TP, CUDA-graph, chunked-prefill,
+--kv-cache-memory-bytes and short-context branches: grid()) they must agree exactly: the same integer GPU KV cache
+size, the same maximum concurrency to two decimals, the same attention block and batch, or the same refusal (its
+exception and whole message). Both sides are
 given the same inputs (the checkpoint's weights in GPU memory, the config.json numbers, the GPU); where an input
 differs between the catalog and the lab mirror, a test names it (test_the_one_input_the_lab_mirror_gives_differently).
 

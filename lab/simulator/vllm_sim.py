@@ -9,7 +9,9 @@ reachable). It reproduces the observable behaviour the fleet automation depends 
 * offline model resolution from the Hugging Face cache ($HF_HOME/hub/models--ORG--NAME/snapshots/<rev>),
 * vLLM's startup memory accounting (startup_memory: the profile batch, the share of the total torch sees, the
   profile run's peak, non-torch memory, --kv-cache-memory-bytes, the CUDA-graph estimate), ported from vLLM's source
-  independently of the d3-fleet planner, fp8 KV cache dying on the first request,
+  as separate code from the d3-fleet planner (it imports nothing of it; the stand-in values, one fixture and this
+  project's out-of-memory wording are the same on both sides: docs/capacity.md "The second opinion"), fp8 KV cache
+  dying on the first request,
 * a cold start during which the port is not bound (connection refused), then /health, /v1/models,
   /v1/systemone, /v1/decisions and /metrics.
 

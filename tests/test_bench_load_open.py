@@ -353,6 +353,7 @@ def test_run_level_interval_over_the_runs() -> None:
            "run_level": out}
     assert d3_bench._pct(fig, "p50") == "105 [93-117 over 3 runs]" and d3_bench._pct(fig, "p95") == "155 [143-167 over 3 runs]"
     assert d3_bench._pct(fig, "p99") == "(n too small)" and d3_bench._pct({**fig, "run_level": None}, "p50") == "104 [101-108]"
+    assert d3_bench._pct({"n": 6, "p50": 5.0}, "p50") == "5" and d3_bench._pct({"n": 5, "p50": 5.0}, "p50") == "(n too small)"
 
 
 def test_repeats_interleave_the_levels_and_keep_each_run(fake: tuple[type[Fake], Clock], monkeypatch: pytest.MonkeyPatch) -> None:

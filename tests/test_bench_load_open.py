@@ -379,3 +379,24 @@ def test_repeats_interleave_the_levels_and_keep_each_run(fake: tuple[type[Fake],
     # a warm-up before each latency run and each level: 3 + 6 untimed requests, not recorded
     posts = [c for c in fk.CALLS if c[0] == "POST"]
     assert len(posts) == 3 * (1 + 3) + 6 and len([r for r in out["records"] if r["phase"] == "latency"]) == 9
+
+
+def test_open_levels_report_the_censored_schedule_figures_and_the_verdict(fake: tuple[type[Fake], Clock]) -> None:
+    """open_levels over a level whose one slot is held: its from_schedule figures carry the never-sent requests
+    (censored, lower_bound), its window, the verdict with its reason and the generator's limit it was given."""
+    fk, _ = fake
+    fk.SCRIPT, fk.HOLD = [(-8, b"", 1.0)], threading.Event()
+    p = {"timeout": 0.0, "path": "/p", "warmup": 0, "duration_s": 0.5, "request_rates": [20.0], "seed": 4,
+         "max_inflight": 1, "slo_ms": 100.0, "metrics_path": ""}
+    limit = {"sent_per_s": 700.0}
+    try:
+        (row,) = bench_load.open_levels(p, TARGET, b"{}", 4, bench_load.Recorder(), limit)
+    finally:
+        fk.HOLD.set()
+    sched = row["from_schedule"]
+    assert set(sched) == {"n", "mean", "min", "p50", "p95", "p99", "max", "interval", "unsupported", "censored", "lower_bound"}
+    assert sched["censored"] == row["not_sent"] > 0 and "p50" in sched["lower_bound"] and sched["n"] == sched["censored"]
+    assert row["window"] == {"ramp_s": 0.05, "length_s": 0.45} and row["questions"] == 4 and row["metrics"] == {}
+    assert row["driven"] is False and row["not_driven"].startswith("the generator sent 2/s of ")
+    assert row["not_driven"].endswith("; the generator's own limit, measured in this run: 700/s")
+    assert row["generator_limit"] is limit and row["good"] == 0 and row["goodput_per_s"] == 0.0

@@ -205,7 +205,7 @@ results:
         elapsed_s, requests_per_s, questions_per_s, goodput_per_s, good, input_tokens_per_s, metrics, n, mean,
         min, p50, p95, p99, max, interval, unsupported, window, runs}); rates over the level's windows, the
         percentiles of the successful requests sent inside them, C(interval) their distribution-free 95 % intervals
-        (order statistics: they assume independent samples), C(unsupported) the percentiles their n is too small
+        (order statistics, which assume independent samples), C(unsupported) the percentiles their n is too small
         for, C(runs) each run's C({run, requests_per_s, goodput_per_s, p50, p95, p99, n}), C(run_level) as for
         C(latency); C(metrics) is C({before, during, after}) of the last run, each vLLM metric name -> value (null
         when the server has none).

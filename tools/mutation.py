@@ -140,6 +140,7 @@ def stage(tests: list[str]) -> None:
         conftest.write(ALIAS_HOOK)
     shutil.copytree(ROOT / "roles", STAGE / "roles")
     shutil.copytree(ROOT / "docs", STAGE / "docs")  # test_metrics checks the runbook has each alert's entry
+    shutil.copy2(ROOT / "README.md", STAGE / "README.md")  # tests/doccommands.py reads its commands (the front door)
     # the lab's vLLM simulator: test_bench_simulator runs the bench against it; the lab HF mirror's config.json
     # builder: test_capacity_second_opinion compares the planner with the simulator on it
     shutil.copytree(ROOT / "lab/simulator", STAGE / "lab/simulator", ignore=shutil.ignore_patterns("__pycache__"))
@@ -148,7 +149,7 @@ def stage(tests: list[str]) -> None:
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
-        'also_copy = ["roles", "lib", "collections", "lab", "docs"]\n'
+        'also_copy = ["roles", "lib", "collections", "lab", "docs", "README.md"]\n'
         f"pytest_add_cli_args = [{args}]\n"
         f"pytest_add_cli_args_test_selection = [{', '.join(json.dumps(t) for t in tests)}]\n"
         "use_git_change_detection = false\n"

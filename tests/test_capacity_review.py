@@ -30,14 +30,37 @@ def sim_stop(config: dict[str, Any], tp: int) -> str | None:
 
 # -- 1. tensor parallel sizes vLLM's divide() refuses ------------------------------------------------------------------
 @pytest.mark.parametrize("tp", [3, 6, 12, 24])
-def test_the_27b_at_a_tp_that_splits_its_heads_but_not_its_gdn_layers_is_refused(catalog_vars: dict[str, Any], tp: int) -> None:
-    """24 attention heads split over 3, 6, 12 and 24; the Gated DeltaNet's conv_dim (2 x 16 x 128 + 48 x 128 = 10,240)
-    does not: vLLM's divide() asserts while the first layer is built."""
+def test_the_27b_at_a_tp_that_splits_its_heads_but_not_its_vision_tower_is_refused(catalog_vars: dict[str, Any], tp: int) -> None:
+    """24 attention heads split over 3, 6, 12 and 24; the vision tower's 16 heads do not, and vLLM builds the vision
+    tower before the language model (qwen3_5.py): Qwen2_5_VisionAttention's divide(num_heads, tp) asserts before the
+    Gated DeltaNet's conv_dim (2 x 16 x 128 + 48 x 128 = 10,240, which does not split either) is reached."""
     result = plan(catalog_vars, tp, {"model": "d3", "extra_args": [f"--tensor-parallel-size={tp}"]})
     assert result["errors"] == [
-        f"host h: d3_models[0] (d3-27b): vLLM refuses to start d3 at --tensor-parallel-size {tp}: 'AssertionError: 10240 is "
+        f"host h: d3_models[0] (d3-27b): vLLM refuses to start d3 at --tensor-parallel-size {tp}: 'AssertionError: 16 is "
         f"not divisible by {tp}'. Fix: set --tensor-parallel-size to one of 1, 2, 4, 8 in d3_models[0].extra_args"]
-    assert sim_stop(catalog_vars["d3_catalog"]["d3"]["architecture"]["text"], tp) == f"AssertionError: 10240 is not divisible by {tp}"
+    arch = catalog_vars["d3_catalog"]["d3"]["architecture"]
+    assert sim_stop({"text_config": arch["text"], "vision_config": arch["vision"]}, tp) == f"AssertionError: 16 is not divisible by {tp}"
+    # without the vision tower, the language model's first Gated DeltaNet layer
+    assert tp_refusal(arch["text"], tp) == sim_stop(arch["text"], tp) == f"AssertionError: 10240 is not divisible by {tp}"
+
+
+@pytest.mark.parametrize("model", ["d3-edge", "d3-lite"])
+def test_twelve_vision_heads_do_not_split_over_8_ranks(catalog_vars: dict[str, Any], model: str) -> None:
+    """d3-edge and d3-lite: 8 attention heads split over 8 ranks, their vision tower's 12 heads do not: vLLM stops
+    building the vision tower with divide()'s assertion; TP 1, 2 and 4 remain."""
+    arch = catalog_vars["d3_catalog"][model]["architecture"]
+    assert tp_refusal(arch["text"], 8) is None  # the language model alone would split
+    result = plan(catalog_vars, 8, {"model": model, "extra_args": ["--tensor-parallel-size=8"]})
+    name = catalog_vars["d3_catalog"][model]["instance_name"]
+    assert result["errors"] == [
+        f"host h: d3_models[0] ({name}): vLLM refuses to start {model} at --tensor-parallel-size 8: 'AssertionError: 12 is "
+        "not divisible by 8'. Fix: set --tensor-parallel-size to one of 1, 2, 4 in d3_models[0].extra_args"]
+    assert tp_sizes(arch["text"], arch["vision"]) == [1, 2, 4]
+    assert sim_stop({"text_config": arch["text"], "vision_config": arch["vision"]}, 8) == "AssertionError: 12 is not divisible by 8"
+    # the vision MLP's linear_fc1 (ColumnParallelLinear(dim, intermediate_size)) comes after the heads
+    vision = {**arch["vision"], "num_heads": 16, "intermediate_size": 3076}
+    assert tp_refusal(arch["text"], 8, vision) == "AssertionError: 3076 is not divisible by 8"
+    assert sim_stop({"text_config": arch["text"], "vision_config": vision}, 8) == "AssertionError: 3076 is not divisible by 8"
 
 
 def test_the_27b_at_tp_8_replicates_its_four_kv_heads_and_is_planned(catalog_vars: dict[str, Any]) -> None:

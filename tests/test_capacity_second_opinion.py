@@ -105,7 +105,7 @@ def planner(catalog_vars: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
     if result["errors"]:
         (error,) = result["errors"]
         arch = catalog_vars["d3_catalog"][c["size"]]["architecture"]
-        reason = tp_refusal(arch["text"], c["tp"])
+        reason = tp_refusal(arch["text"], c["tp"], arch.get("vision"))
         if reason is None:
             kv_bytes, batched, seqs = flag(c, "--kv-cache-memory-bytes"), flag(c, "--max-num-batched-tokens"), flag(c, "--max-num-seqs")
             fig = kv_cache_figures(arch, {
@@ -175,6 +175,8 @@ def test_the_grid_covers_every_size_and_variant_and_each_branch(catalog_vars: di
     assert reasons == {"ValueError:", "AssertionError:", "torch.OutOfMemoryError:"} or reasons >= {"ValueError:", "AssertionError:"}
     branch = {
         "a TP vLLM's divide() refuses": any(c["tp"] == 3 and c["size"] == "d3" and "not divisible" in p.get("refused", "") for c, p in plans),
+        "the vision tower's heads (d3-edge at TP 8)": any(c["tp"] == 8 and c["size"] == "d3-edge"
+                                                         and p.get("refused") == "AssertionError: 12 is not divisible by 8" for c, p in plans),
         "replicated KV heads (the 27B at TP 8)": any(c["tp"] == 8 and c["size"] == "d3" and p.get("block") == 400 for c, p in plans),
         "CUDA graphs refused at capture on an L4": any(not c["eager"] and "CUDA graph capture" in p.get("refused", "") for c, p in plans),
         "CUDA graphs counted on a large GPU": any(not c["eager"] and "tokens" in p for c, p in plans),
@@ -246,7 +248,7 @@ PERTURBATIONS = {
     "simulator's CUDA-graph probe": ("sim", "VISION_PROBE_GIB", lambda v: v + 0.01),
     "planner's CUDA-graph probe": ("planner", "ENCODER_PROBE_GIB", lambda v: v + 0.01),
     "simulator's TP checks": ("sim", "tensor_parallel_error", lambda v: lambda config, tp: None),
-    "planner's TP checks": ("planner", "tp_refusal", lambda v: lambda text, tp: None),
+    "planner's TP checks": ("planner", "tp_refusal", lambda v: lambda text, tp, vision=None: None),
     "planner's refusal text": ("planner", "CONSERVING_MEMORY", lambda v: v.replace("latest", "stable")),
     "simulator's default max_num_seqs": ("sim", "SERVE_MAX_NUM_SEQS", lambda v: v - 1),
     "planner's default max_num_seqs": ("planner", "DEFAULT_MAX_NUM_SEQS", lambda v: v - 1),

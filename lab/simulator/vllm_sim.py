@@ -739,7 +739,15 @@ def tensor_parallel_error(config: dict[str, Any], tp: int) -> tuple[str, str, st
     """What stops a Qwen3.5 model at tensor parallel size tp: (exception, message, where), in vLLM's order.
     - vllm/config/model.py ModelConfig.verify_with_parallel_config: total_num_attention_heads % tensor_parallel_size
       -> ValueError "Total number of attention heads (H) must be divisible by tensor parallel size (T)."
-    - building the model: layer 0 of Qwen3.5 is linear attention, so GatedDeltaNetAttention.__init__
+    - building the model: the vision tower first (vllm/model_executor/models/qwen3_5.py,
+      Qwen3_5ForConditionalGeneration.__init__ builds self.visual = Qwen3_VisionTransformer(config.vision_config) before
+      self.language_model). Each Qwen3_VisionBlock (qwen3_vl.py) builds Qwen2_5_VisionAttention (qwen2_5_vl.py):
+      self.num_attention_heads_per_partition = dist_utils.divide(num_heads, self.tp_size) (tp_size 1 only when the
+      encoder runs data-parallel, mm_encoder_tp_mode "data", which the simulator does not take), then Qwen3_VisionMLP's
+      linear_fc1 = ColumnParallelLinear(dim, intermediate_size) -> divide(intermediate_size, tp). A config.json
+      without vision_config (a text-only config) skips these. D3's own class (D3ForSequenceClassification) is not
+      public: taken to build Qwen3.5's vision tower first, as Qwen3.5 does.
+    - then the language model: layer 0 of Qwen3.5 is linear attention, so GatedDeltaNetAttention.__init__
       (vllm/model_executor/layers/mamba/gdn_linear_attn.py) comes first: self.conv1d = ColumnParallelLinear(
       output_size=self.conv_dim) -> divide(conv_dim, tp) -> vllm/distributed/utils.py ensure_divisibility:
       `assert numerator % denominator == 0, "{} is not divisible by {}".format(numerator, denominator)`;
@@ -752,9 +760,16 @@ def tensor_parallel_error(config: dict[str, Any], tp: int) -> tuple[str, str, st
     if heads % tp != 0:
         return ("ValueError", f"Total number of attention heads ({heads}) must be divisible by tensor parallel size "
                 f"({tp}).", "vllm/config/model.py")
+    divided = "vllm/distributed/utils.py"
+    vision = config.get("vision_config")
+    if isinstance(vision, dict):
+        # attention, then the MLP; a key config.json leaves out (the lab's legacy stand-in configs) is not checked:
+        # the transformers default vLLM would take for it is not read here
+        for numerator in (int(vision[k]) for k in ("num_heads", "intermediate_size") if k in vision):
+            if numerator % tp != 0:
+                return ("AssertionError", f"{numerator} is not divisible by {tp}", divided)
     key_dim = int(c["linear_key_head_dim"]) * int(c["linear_num_key_heads"])
     value_dim = int(c["linear_value_head_dim"]) * int(c["linear_num_value_heads"])
-    divided = "vllm/distributed/utils.py"
     if (key_dim * 2 + value_dim) % tp != 0:  # conv1d: ColumnParallelLinear(output_size=self.conv_dim)
         return ("AssertionError", f"{key_dim * 2 + value_dim} is not divisible by {tp}", divided)
     if key_dim % tp != 0:  # in_proj_qkvz: output sizes [key_dim, key_dim, value_dim, value_dim]

@@ -245,24 +245,36 @@ def resolved_max_num_seqs(given: int | None, batched: int) -> int:
     return given if given is not None else min(DEFAULT_MAX_NUM_SEQS, batched)
 
 
-def tp_refusal(text: dict[str, Any], tp: int) -> str | None:
-    """Why vLLM refuses to start a Qwen3.5 hybrid (config.json ``text``) at tensor parallel size ``tp``, in vLLM's
-    words and in the order vLLM meets the checks; None when every split is even.
+def tp_refusal(text: dict[str, Any], tp: int, vision: dict[str, Any] | None = None) -> str | None:
+    """Why vLLM refuses to start a Qwen3.5 hybrid (config.json ``text``, and ``vision``, its vision_config) at tensor
+    parallel size ``tp``, in vLLM's words and in the order vLLM meets the checks; None when every split is even.
 
     1. ``ModelConfig.verify_with_parallel_config`` (vllm/config/model.py), before any worker: the attention heads.
-    2. Building the model (vllm/model_executor/models/qwen3_5.py: layer 0 is a Gated DeltaNet layer,
+    2. The vision tower, built before the language model (vllm/model_executor/models/qwen3_5.py,
+       ``Qwen3_5ForConditionalGeneration.__init__``: ``self.visual = Qwen3_VisionTransformer(...)`` under
+       ``_mark_tower_model``, then ``self.language_model``): each ``Qwen3_VisionBlock`` (qwen3_vl.py) builds a
+       ``Qwen2_5_VisionAttention`` (qwen2_5_vl.py), whose ``__init__`` calls ``dist_utils.divide(num_heads, tp_size)``
+       (tp_size 1 only with ``--mm-encoder-tp-mode data``, which the planner refuses as not modelled), then its
+       ``Qwen3_VisionMLP``'s ``ColumnParallelLinear(dim, intermediate_size)``: ``divide(intermediate_size, tp)``.
+       D3's own class (D3ForSequenceClassification) is not public: the planner takes it to build Qwen3.5's vision
+       tower as Qwen3.5 does (the field report's vision-encoder allocation says it has one).
+    3. Building the language model (vllm/model_executor/models/qwen3_5.py: layer 0 is a Gated DeltaNet layer,
        ``GatedDeltaNetAttention.__init__`` in vllm/model_executor/layers/mamba/gdn_linear_attn.py): its ``conv1d``
        ``ColumnParallelLinear(output_size=conv_dim)`` calls ``divide(conv_dim, tp)``, whose
        ``ensure_divisibility`` (vllm/distributed/utils.py) asserts "{numerator} is not divisible by {denominator}";
        then ``in_proj_qkvz`` (key and value dims, a bare assert in ``MergedColumnParallelLinear``) and
        ``A_log = divide(num_v_heads, tp)``; the state shapes ``MambaStateShapeCalculator.gated_delta_net_state_shape``
        divide conv_dim and the value heads again, and the layer's forward splits the key heads by ``num_k_heads // tp``.
-    3. The first full-attention layer (``Qwen3NextAttention.__init__``, vllm/model_executor/models/qwen3_next.py):
+    4. The first full-attention layer (``Qwen3NextAttention.__init__``, vllm/model_executor/models/qwen3_next.py):
        KV heads at or above TP are split (``assert self.total_num_kv_heads % tp_size == 0``), KV heads below TP are
        replicated (``assert tp_size % self.total_num_kv_heads == 0``: each rank then holds one, ``get_num_kv_heads``)."""
     heads = int(text["num_attention_heads"])
     if heads % tp:
         return f"ValueError: Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})."
+    # the vision tower: Qwen2_5_VisionAttention's divide(num_heads, tp), then Qwen3_VisionMLP's linear_fc1
+    for dim in (int(vision["num_heads"]), int(vision["intermediate_size"])) if vision else ():
+        if dim % tp:
+            return f"AssertionError: {dim} is not divisible by {tp}"
     k_heads, v_heads = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
     key_dim, value_dim = k_heads * int(text["linear_key_head_dim"]), v_heads * int(text["linear_value_head_dim"])
     # conv1d (conv_dim), in_proj_qkvz (the key dims): divide() -> ensure_divisibility's assertion
@@ -282,9 +294,9 @@ def tp_refusal(text: dict[str, Any], tp: int) -> str | None:
     return None
 
 
-def tp_sizes(text: dict[str, Any]) -> list[int]:
+def tp_sizes(text: dict[str, Any], vision: dict[str, Any] | None = None) -> list[int]:
     """The tensor parallel sizes vLLM starts this architecture at (tp_refusal), up to its attention heads."""
-    return [t for t in range(1, int(text["num_attention_heads"]) + 1) if tp_refusal(text, t) is None]
+    return [t for t in range(1, int(text["num_attention_heads"]) + 1) if tp_refusal(text, t, vision) is None]
 
 
 def kv_cache_figures(
@@ -605,15 +617,15 @@ class _Planner:
         if tp < 1:
             self.refuse(where, f"--tensor-parallel-size {tp} is below 1", "use 1 or more")
             return None
-        arch_text = entry["architecture"]["text"]
-        split = tp_refusal(arch_text, tp)
+        arch_text, arch_vision = entry["architecture"]["text"], entry["architecture"].get("vision")
+        split = tp_refusal(arch_text, tp, arch_vision)
         if split:
             # tp_refusal: vLLM's checks in its order (ModelConfig.verify_with_parallel_config, then vLLM's divide()
-            # while the Gated DeltaNet and attention layers are built)
+            # while the vision tower, then the Gated DeltaNet and attention layers are built)
             self.refuse(
                 where,
                 f"vLLM refuses to start {model} at --tensor-parallel-size {tp}: '{split}'",
-                f"set --tensor-parallel-size to one of {', '.join(str(t) for t in tp_sizes(arch_text))} "
+                f"set --tensor-parallel-size to one of {', '.join(str(t) for t in tp_sizes(arch_text, arch_vision))} "
                 f"in d3_models[{pos}].extra_args",
             )
             return None
@@ -876,7 +888,7 @@ class _Planner:
         )
         if step is not None:
             fixes.append(f"set --gpu-memory-utilization={_fmt(step / 100)}")
-        size = next((t for t in tp_sizes(entry["architecture"]["text"]) if t > tp and works({}, t)), None)
+        size = next((t for t in tp_sizes(entry["architecture"]["text"], entry["architecture"].get("vision")) if t > tp and works({}, t)), None)
         if size is not None:
             fixes.append(f"set --tensor-parallel-size={size} ({size} GPUs; the host has {len(self.gpus)})")
         batched = flags["--max-num-batched-tokens"]

@@ -888,7 +888,8 @@ class _Planner:
         )
         if step is not None:
             fixes.append(f"set --gpu-memory-utilization={_fmt(step / 100)}")
-        size = next((t for t in tp_sizes(entry["architecture"]["text"], entry["architecture"].get("vision")) if t > tp and works({}, t)), None)
+        arch = entry["architecture"]
+        size = next((t for t in tp_sizes(arch["text"], arch.get("vision")) if t > tp and works({}, t)), None)
         if size is not None:
             fixes.append(f"set --tensor-parallel-size={size} ({size} GPUs; the host has {len(self.gpus)})")
         batched = flags["--max-num-batched-tokens"]

@@ -105,7 +105,8 @@ UNQUANTIZED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
 ENCODER_PROBE_GIB = 18.4
 # Memory outside vLLM's accounting: the CUDA context (and NCCL's buffers at TP > 1) exist before vLLM's first memory
 # snapshot, so they sit outside the --gpu-memory-utilization share but inside the GPU. No source gives the number;
-# the field report bounds it: its 0.95 share started on an L4, so context + NCCL <= 5 % of 23034 MiB = 1151 MiB.
+# the field report bounds it: its 0.95 share started on an L4, so context + NCCL <= 5 % of the total torch sees
+# (22,560 MiB, the share's base: not nvidia-smi's 23,034) = 1,128 MiB.
 CUDA_CONTEXT_MIB = 512
 # The sentence vLLM ends its KV cache refusals with (kv_cache_utils.py _check_enough_kv_cache_memory; as vLLM's logs
 # print it: the URL ends in "/", not ".html")

@@ -267,3 +267,37 @@ def test_the_simulator_takes_float16_kv_cache_as_two_bytes() -> None:
     args = SIM.parse_args(["--model", "x", "--kv-cache-dtype", "float16"])
     config = {"text_config": dict(SIM.QWEN3_5_DEFAULTS)}
     assert SIM.kv_layout(config, args.kv_cache_dtype, 1) == SIM.kv_layout(config, "auto", 1)
+
+
+# -- the second review: flags that change vLLM's accounting, and --max-model-len auto ------------------------------------
+UNMODELLED = [["--block-size=32"], ["--mamba-ssm-cache-dtype", "float16"], ["--mamba-cache-dtype=float32"],
+              ["--performance-mode", "throughput"], ["--num-gpu-blocks-override=100"], ["--no-enable-chunked-prefill"],
+              ["--skip-mm-profiling"], ["--language-model-only"], ["--mm-encoder-tp-mode=data"],
+              ["--num-gpu-blocks=100"], ["--block_size", "32"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", UNMODELLED, ids=[a[0] for a in UNMODELLED])
+def test_a_flag_that_changes_vllms_accounting_is_refused_by_name(catalog_vars: dict[str, Any], args: list[str]) -> None:
+    """The planner would print figures it cannot predict: it names the flag (as vLLM's parser reads it: a unique
+    prefix, '_' for '-') and says it does not model it."""
+    from d3_inputs import canonical_flag
+    from d3_planner import KNOWN_FLAGS, UNMODELLED_FLAGS
+
+    flag = canonical_flag(args[0], KNOWN_FLAGS)[0]
+    assert flag in UNMODELLED_FLAGS
+    (error,) = plan(catalog_vars, 1, {"model": "d3-edge", "extra_args": args})["errors"]
+    assert error == (f"host h: d3_models[0] (d3-edge): extra_args sets {flag}, which changes {UNMODELLED_FLAGS[flag]}; the "
+                     "planner does not model it, so it cannot predict vLLM's startup figures or refusals with it. Fix: "
+                     f"remove {flag} from d3_models[0].extra_args")  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["auto", "-1", "AUTO"])
+def test_max_model_len_auto_asks_for_a_number_and_says_why(catalog_vars: dict[str, Any], value: str) -> None:
+    """vLLM accepts auto / -1 (_auto_fit_max_model_len fits the length at startup); the planner's figures start from
+    the length, so it asks for an explicit one instead of saying the value does not parse."""
+    (error,) = plan(catalog_vars, 1, {"model": "d3-edge", "extra_args": [f"--max-model-len={value}"]})["errors"]
+    assert error == (f"host h: d3_models[0] (d3-edge): --max-model-len {value}: vLLM would fit the length to the memory "
+                     "left at startup (_auto_fit_max_model_len), but the planner needs an explicit number: the profile "
+                     "run's batch, the KV cache figures and the refusals all depend on it. Fix: give a number in "
+                     "d3_models[0].extra_args, e.g. --max-model-len=32768 (the catalog's)")  # fmt: skip
+    assert "does not parse" in plan(catalog_vars, 1, {"model": "d3-edge", "extra_args": ["--max-model-len=long"]})["errors"][0]

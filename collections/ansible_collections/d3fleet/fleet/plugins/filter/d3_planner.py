@@ -66,10 +66,29 @@ BOOLEAN_FLAGS = {
     "--skip-mm-profiling",
     "--language-model-only",
 }
+# vLLM flags that change what vLLM computes at startup in a way the planner does not model: with one of them the plan
+# would print figures (or refusals) it cannot predict, so the planner refuses it and names it. What each changes:
+UNMODELLED_FLAGS = {
+    "--block-size": "the KV cache block size, which the planner derives from HybridAttentionMambaModelConfig's "
+    "alignment and the Gated DeltaNet state",
+    "--mamba-ssm-cache-dtype": "the Gated DeltaNet temporal state's dtype (MambaStateDtypeCalculator."
+    "gated_delta_net_state_dtype), so the state page and the attention block size",
+    "--mamba-cache-dtype": "the Gated DeltaNet states' dtype (MambaStateDtypeCalculator.gated_delta_net_state_dtype), "
+    "so the state page and the attention block size",
+    "--performance-mode": "vLLM's serving defaults, which the planner has not traced in vLLM's source",
+    "--num-gpu-blocks-override": "the number of KV cache blocks, which the planner computes from the memory left",
+    "--no-enable-chunked-prefill": "chunked prefill, whose default for a pooling model vLLM decides from the model's "
+    "attention and pooling (ModelConfig.is_chunked_prefill_supported; docs/capacity.md, unsettled questions)",
+    "--skip-mm-profiling": "the profile run: it skips the vision encoder's pass, which the field report's measured "
+    "point includes",
+    "--language-model-only": "the model built: no vision tower (its TP checks, its weights in GPU memory)",
+    "--mm-encoder-tp-mode": "how the vision tower is split ('data': replicated on every rank, no TP check of its "
+    "heads, its whole weights on every GPU)",
+}
 # Flags the planner reads or owns: an extra_args flag naming one of them, exactly or by a unique prefix as vLLM's
 # parser allows, is that flag (d3_inputs.canonical_flag).
 KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype", "--max-num-batched-tokens",
-               "--kv-cache-memory-bytes", "--max-num-seqs")  # fmt: skip
+               "--kv-cache-memory-bytes", "--max-num-seqs", *sorted(set(UNMODELLED_FLAGS) - BOOLEAN_FLAGS))  # fmt: skip
 NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
 SHA_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "served_name", "extra_args", "env"}
@@ -554,6 +573,14 @@ class _Planner:
                     f"give {base} VALUE instead",
                 )
                 return None
+            if base in UNMODELLED_FLAGS:
+                self.refuse(
+                    where,
+                    f"extra_args sets {base}, which changes {UNMODELLED_FLAGS[base]}; the planner does not model it, "
+                    "so it cannot predict vLLM's startup figures or refusals with it",
+                    f"remove {base} from d3_models[{pos}].extra_args",
+                )
+                return None
             if flag == "--enforce-eager":
                 eager = True
             elif flag == "--no-enforce-eager":
@@ -608,6 +635,18 @@ class _Planner:
                 "(fixed 18.4 GB vision-encoder profiling allocation)",
                 "remove --no-enforce-eager, or set d3_allow_cuda_graphs: true to acknowledge the risk",
             )
+        if str(flags["--max-model-len"]).strip().lower() in ("auto", "-1"):
+            # vLLM takes them: _auto_fit_max_model_len (vllm/v1/core/kv_cache_utils.py) fits the length to the memory
+            # left at startup; every figure here (the profile batch, the KV cache, the refusals) starts from the length
+            self.refuse(
+                where,
+                f"--max-model-len {flags['--max-model-len']}: vLLM would fit the length to the memory left at startup "
+                "(_auto_fit_max_model_len), but the planner needs an explicit number: the profile run's batch, the KV "
+                "cache figures and the refusals all depend on it",
+                f"give a number in d3_models[{pos}].extra_args, e.g. --max-model-len={variant['max_model_len']} (the "
+                "catalog's)",
+            )
+            return None
         try:
             tp = int(str(flags["--tensor-parallel-size"]))
             max_len = int(str(flags["--max-model-len"]))

@@ -660,6 +660,10 @@ def kv_layout(config: dict[str, Any], kv_dtype: str, tp: int) -> KvLayout:
     k_heads, v_heads = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
     k_dim, v_dim = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
     conv_dim = k_dim * k_heads * 2 + v_dim * v_heads
+    # UNSETTLED: vLLM's temporal-state dtype is cache_config.mamba_ssm_cache_dtype (MambaStateDtypeCalculator.
+    # gated_delta_net_state_dtype; "auto" = the model dtype); config.json's mamba_ssm_dtype reaches it only through
+    # Qwen3_5ForConditionalGenerationConfig (vllm/model_executor/models/config.py MODELS_CONFIG_MAP, keyed on the
+    # architecture name: D3's is D3ForSequenceClassification). Taken from config.json here (docs/capacity.md).
     ssm_bytes = DTYPE_BYTES.get(str(c.get("mamba_ssm_dtype") or "float32"), 4)
     state = ((int(c["linear_conv_kernel_dim"]) - 1) * (conv_dim // tp) * model_bytes
              + (v_heads // tp) * v_dim * k_dim * ssm_bytes)

@@ -350,7 +350,10 @@ def kv_cache_figures(
     attn_token = 2 * kv_heads * head_dim * dtype
     # MambaStateShapeCalculator.gated_delta_net_state_shape + MambaSpec.page_size_bytes: a conv state of
     # (conv_kernel - 1) x conv_dim / tp in the model dtype, and a temporal state of value heads / tp x k x v dims in
-    # mamba_ssm_dtype
+    # mamba_ssm_dtype. UNSETTLED (docs/capacity.md, last section): vLLM takes the temporal state's dtype from
+    # cache_config.mamba_ssm_cache_dtype ("auto": the model dtype, BF16); config.json's float32 is copied into it only
+    # by Qwen3_5ForConditionalGenerationConfig, which MODELS_CONFIG_MAP keys on the architecture name, and D3's is
+    # D3ForSequenceClassification. The planner keeps config.json's float32 until a D3 startup log settles it.
     key_dim = int(text["linear_num_key_heads"]) * int(text["linear_key_head_dim"])
     value_dim = int(text["linear_num_value_heads"]) * int(text["linear_value_head_dim"])
     conv_bytes = (int(text["linear_conv_kernel_dim"]) - 1) * ((2 * key_dim + value_dim) // tp) * dtype
@@ -1182,7 +1185,7 @@ class _Planner:
                 "max_num_batched_tokens": fig["max_num_batched_tokens"],
                 "measured_on_hardware": False,
                 "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware; not modelled: the "
-                "vision encoder's own profiling, whether D3's attention is causal",
+                "vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), the GDN state's dtype",
             },
             "measured_on_hardware": inst["measured"],
             "hardware_note": {

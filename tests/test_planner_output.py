@@ -56,7 +56,8 @@ def test_a_whole_instance(catalog_vars: dict[str, Any]) -> None:
         "kv_cache": {"gpu_kv_cache_tokens": 25872, "max_concurrency": 2.97, "block_size": 528, "max_num_batched_tokens": 32768,
                      "measured_on_hardware": False,
                      "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware; not modelled: "
-                             "the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), the GDN state's dtype"},
+                             "the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), "
+                             "the GDN state's dtype"},
         "measured_on_hardware": None,
         "hardware_note": "the field report's sizing table lists this size on one L4 (no run of it is recorded)",
         "health_url": "http://[::1]:9000/health", "start_after": [], "wait_ready": False,
@@ -98,7 +99,8 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
         "7992 MiB; the share's rest is KV cache (3234 MiB in all)",
         "  vLLM will log: GPU KV cache size: 25,872 tokens; Maximum concurrency for 32,768 tokens per request: 2.97x "
         "(predicted from vLLM's source (docs/capacity.md); not yet measured on hardware; "
-        "not modelled: the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), the GDN state's dtype)",
+        "not modelled: the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), "
+        "the GDN state's dtype)",
         "  variant bf16-fp8-online (no quantization_config), download 9.4 GB",
         run("d3-mini", SHA) + f" --revision {SHA} --served-model-name d3-mini --host 127.0.0.1 --port 8000 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.45 --quantization fp8 --enforce-eager",
@@ -108,7 +110,8 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
         "2536 MiB; the share's rest is KV cache (3305 MiB in all)",
         "  vLLM will log: GPU KV cache size: 140,896 tokens; Maximum concurrency for 32,768 tokens per request: 16.20x "
         "(predicted from vLLM's source (docs/capacity.md); not yet measured on hardware; "
-        "not modelled: the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), the GDN state's dtype)",
+        "not modelled: the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), "
+        "the GDN state's dtype)",
         "  variant bf16-fp8-online (no quantization_config), download 1.4 GB",
         run("d3-edge", "unpinned") + " --served-model-name d3-edge --host 127.0.0.1 --port 8001 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.25 --quantization fp8 --enforce-eager",

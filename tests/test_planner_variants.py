@@ -104,7 +104,8 @@ def test_official_fp8_variant_flags_vram_and_download(catalog_vars: dict[str, An
     assert inst["kv_cache"] == {"gpu_kv_cache_tokens": 202 // 4 * 784, "max_concurrency": round(202 / 14, 2), "block_size": 784,
                                 "max_num_batched_tokens": 8192, "measured_on_hardware": False,
                                 "note": "predicted from vLLM's source (docs/capacity.md); not yet measured on hardware; not modelled: "
-                             "the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), the GDN state's dtype"}
+                             "the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), "
+                             "the GDN state's dtype"}
     assert inst["measured_on_hardware"] is False
 
 

@@ -196,7 +196,9 @@ def test_shares_within_the_cap_that_vllm_refuses_beside_the_others_contexts(cata
 def test_automatic_placement_uses_vllms_free_memory_too(catalog_vars: dict[str, Any]) -> None:
     items = [{"model": "d3-edge", "name": f"e{i}", "extra_args": ["--gpu-memory-utilization=0.15"]} for i in range(6)]
     (error,) = plan(catalog_vars, 1, *items)["errors"]
-    assert "d3_models[5] (e5): vLLM refuses to start it on GPU 0" in error and "Fix: move d3_models[5]" in error
+    assert "d3_models[5] (e5): vLLM refuses to start it on GPU 0" in error
+    # what is left (0.11) holds d3-edge's profile run (1008 MiB at 32,768 tokens, its MLP's peak)
+    assert "Fix: set --gpu-memory-utilization=0.11 in d3_models[5].extra_args (what is left), or move d3_models[5]" in error
     assert [i["gpus"] for i in plan(catalog_vars, 2, *items)["instances"]] == [[0]] * 5 + [[1]]
 
 
@@ -301,3 +303,13 @@ def test_max_model_len_auto_asks_for_a_number_and_says_why(catalog_vars: dict[st
                      "run's batch, the KV cache figures and the refusals all depend on it. Fix: give a number in "
                      "d3_models[0].extra_args, e.g. --max-model-len=32768 (the catalog's)")  # fmt: skip
     assert "does not parse" in plan(catalog_vars, 1, {"model": "d3-edge", "extra_args": ["--max-model-len=long"]})["errors"][0]
+
+
+def test_the_simulator_makes_no_gdn_convolution_output_in_the_profile_run(catalog_vars: dict[str, Any]) -> None:
+    """The simulator's own reading of GatedDeltaNetAttention.forward (the profile run returns from _forward_core before
+    the convolution): a wide GDN layer holds in_proj_qkvz's output, the core output and out_proj's, no conv output."""
+    text = catalog_vars["d3_catalog"]["d3-edge"]["architecture"]["text"]
+    assert SIM.profile_activation_bytes_per_token({"text_config": text}, 1, True) == 32256  # d3-edge: its MLP's
+    wide = {**text, "linear_num_key_heads": 64, "linear_num_value_heads": 64}  # key and value dims 8,192 each
+    residual = 2 * 1024 * 2
+    assert SIM.profile_activation_bytes_per_token({"text_config": wide}, 1, False) == residual + (4 * 8192 + 8192 + 1024) * 2

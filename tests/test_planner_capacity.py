@@ -146,7 +146,7 @@ def test_batched_tokens_chunked_prefill_and_the_encoder_probe(arch: dict[str, An
     chunked = kv_cache_figures(arch["d3-edge"], flags(65536, 0.25, **{"--enable-chunked-prefill": True}), L4, 1, weights_mib=572)
     assert chunked["max_num_batched_tokens"] == 2048 and chunked["refusal"] is None
     given = kv_cache_figures(arch["d3-edge"], flags(8192, 0.25, **{"--max-num-batched-tokens": 8192}), L4, 1, weights_mib=572)
-    assert given["max_num_batched_tokens"] == 8192 and given["activation_peak_mib"] == -(-8192 * 38912 // MIB)  # bf16 activations: 39936 - 1024
+    assert given["max_num_batched_tokens"] == 8192 and given["activation_peak_mib"] == -(-8192 * 27648 // MIB)  # bf16 activations: residual 4096 + MLP 23552
     short = kv_cache_figures(arch["d3-edge"], flags(8192, 0.25, **{"--max-num-batched-tokens": 8191}), L4, 1)
     assert short["refusal"] == {"kind": "batched_tokens", "message": "max_num_batched_tokens (8191) is smaller than max_model_len (8192). "
                                 "This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject "
@@ -172,10 +172,11 @@ def test_each_layer_kind_can_set_the_peak() -> None:
             "num_key_value_heads": 1, "head_dim": 8, "linear_num_key_heads": 1, "linear_num_value_heads": 1, "linear_key_head_dim": 8,
             "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32", "dtype": "bfloat16"}  # fmt: skip
     per = lambda text: kv_cache_figures({"text": text}, flags(64, 0.5), 10000, 1)["activation_bytes_per_token"]  # noqa: E731
-    # MLP: (200 + 100) x 2 + 100 x 2 = 800; GDN: (32 + 24 + 8 + 100) x 2 = 328; attention: (24 + 16 + 100) x 2 = 280
+    # MLP: (200 + 100) x 2 + 100 x 2 = 800; GDN: (32 + 8 + 100) x 2 = 280; attention: (24 + 16 + 100) x 2 = 280
     assert per(base) == 400 + 800
-    # a wide GDN: key dim 8 x 64 = 512, value dim 8 x 64: (2048 + 1536 + 512 + 100) x 2 = 8392
-    assert per({**base, "linear_num_key_heads": 64, "linear_num_value_heads": 64}) == 400 + 8392
+    # a wide GDN: key dim 8 x 64 = 512, value dim 8 x 64: in_proj_qkvz 2048, core output 512, out_proj 100:
+    # (2048 + 512 + 100) x 2 = 5320; no convolution output (_forward_core returns early in the profile run)
+    assert per({**base, "linear_num_key_heads": 64, "linear_num_value_heads": 64}) == 400 + 5320
     # a wide attention: 64 heads x 8: (3 x 512 + 2 x 8 + 100) x 2 = 3304
     assert per({**base, "num_attention_heads": 64}) == 400 + 3304
 
@@ -259,3 +260,13 @@ def test_a_wide_attention_layer_at_tp_2_with_fp8_activations() -> None:
     # attention: (3 x 3 x 45 // 2 = 202, + 2 x 2 KV heads x 45 = 180, + 100) x 2 + 100 FP8 = 1064; MLP: (100 + 50) x 2 + 150 + 200 = 650
     f = kv_cache_figures({"text": text}, flags(64, 0.5, fp8_activations=True), 10000, 2)
     assert f["activation_bytes_per_token"] == 400 + 1064
+
+
+def test_the_profile_run_makes_no_gdn_convolution_output(arch: dict[str, Any]) -> None:
+    """GatedDeltaNetAttention._forward_core returns when attn_metadata is None (the V1 profile run): the conv output
+    (2 key dims + value dim per token) is never allocated, so d3-edge's peak is its MLP's: residual 4,096 + gate_up
+    7,168 x 2 + SiluAndMul 3,584 x 2 + FP8 copies 3,584 + 1,024 + down 1,024 x 2 = 32,256 B per token (39,936 with a
+    conv output), 1,008 MiB at 32,768 tokens."""
+    f = kv_cache_figures(arch["d3-edge"], flags(32768, 0.25, **{"--quantization": "fp8"}), L4, 1, weights_mib=572)
+    assert f["activation_bytes_per_token"] == 32256 and f["activation_peak_mib"] == 1008
+    assert (f["gpu_kv_cache_tokens"], round(f["max_concurrency"], 2)) == (151232, 17.39)

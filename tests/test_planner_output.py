@@ -104,11 +104,11 @@ def test_plan_report_lines(catalog_vars: dict[str, Any]) -> None:
         "  variant bf16-fp8-online (no quantization_config), download 9.4 GB",
         run("d3-mini", SHA) + f" --revision {SHA} --served-model-name d3-mini --host 127.0.0.1 --port 8000 "
         "--tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.45 --quantization fp8 --enforce-eager",
-        "d3-edge: d3-edge (vllm-sr/d3-edge@UNPINNED) on GPU 0, port 8001, unit d3-edge.service, needs 2536 MiB/GPU of its "
+        "d3-edge: d3-edge (vllm-sr/d3-edge@UNPINNED) on GPU 0, port 8001, unit d3-edge.service, needs 2296 MiB/GPU of its "
         "5640 MiB share",
-        "  per GPU: weights 572 + profile-run peak 1248 + non-torch 512 + encoder probe 0 + one 32768-token sequence 204 = "
-        "2536 MiB; the share's rest is KV cache (3305 MiB in all)",
-        "  vLLM will log: GPU KV cache size: 140,896 tokens; Maximum concurrency for 32,768 tokens per request: 16.20x "
+        "  per GPU: weights 572 + profile-run peak 1008 + non-torch 512 + encoder probe 0 + one 32768-token sequence 204 = "
+        "2296 MiB; the share's rest is KV cache (3547 MiB in all)",
+        "  vLLM will log: GPU KV cache size: 151,232 tokens; Maximum concurrency for 32,768 tokens per request: 17.39x "
         "(predicted from vLLM's source (docs/capacity.md); not yet measured on hardware; "
         "not modelled: the vision encoder's own profiling, whether D3's attention is causal (and chunked prefill off), "
         "the GDN state's dtype)",

@@ -822,8 +822,11 @@ def profile_activation_bytes_per_token(config: dict[str, Any], tp: int, fp8: boo
     # (elements, bytes each) of what one layer kind holds at its peak
     layer_kinds = {
         "mlp": [(2 * inter // tp, b), (inter // tp, b), (hidden, b), (hidden, q8), (inter // tp, q8)],
-        "gated_deltanet": [((2 * k_dim + 2 * v_dim) // tp, b), ((2 * k_dim + v_dim) // tp, b), (v_dim // tp, b),
-                           (hidden, b), (hidden, q8)],
+        # GatedDeltaNetAttention.forward (vllm/model_executor/layers/mamba/gdn_linear_attn.py) in the profile run:
+        # mixed_qkvz from in_proj_qkvz, core_attn_out = torch.zeros(tokens, v_heads / tp, head_v_dim), then the
+        # gated norm of it and out_proj; the custom op's _forward_core returns at once when attn_metadata is None
+        # ("V1 profile run"), so causal_conv1d_fn's output is never made. in_proj_ba (2 x v_heads / tp) not counted.
+        "gated_deltanet": [((2 * k_dim + 2 * v_dim) // tp, b), (v_dim // tp, b), (hidden, b), (hidden, q8)],
         "full_attention": [(3 * heads * head_dim // tp, b), (2 * max(1, kv_heads // tp) * head_dim, b), (hidden, b),
                            (hidden, q8)],
     }

@@ -384,7 +384,12 @@ def kv_cache_figures(
     q8 = 1 if flags.get("fp8_activations", flags.get("--quantization") == "fp8") else 0
     residual = 2 * hidden * dtype
     mlp = (2 * inter // tp + inter // tp) * dtype + (inter // tp + hidden) * q8 + hidden * dtype
-    gdn = ((2 * key_dim + 2 * value_dim) // tp + (2 * key_dim + value_dim) // tp + value_dim // tp + hidden) * dtype + hidden * q8
+    # Gated DeltaNet (GatedDeltaNetAttention.forward, vllm/model_executor/layers/mamba/gdn_linear_attn.py): in the
+    # profile run attn_metadata is None and _forward_core returns early ("V1 profile run"), so no convolution output
+    # and no recurrence exist; what does: in_proj_qkvz's output, core_attn_out (torch.zeros, value dim; the gated
+    # norm's output of the same size replaces it), out_proj's output (hidden). in_proj_ba's and b/a's few values per
+    # value head are left out (no D3 size's peak is a GDN layer's).
+    gdn = ((2 * key_dim + 2 * value_dim) // tp + value_dim // tp + hidden) * dtype + hidden * q8
     heads = int(text["num_attention_heads"])
     attn = (3 * heads * head_dim // tp + 2 * kv_heads * head_dim + hidden) * dtype + hidden * q8
     per_token = residual + max(mlp, gdn, attn)

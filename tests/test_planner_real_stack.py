@@ -48,8 +48,9 @@ def test_the_cap_is_a_variable_and_a_gpu_of_its_own_takes_any_share(catalog_vars
     # above the cap, vLLM itself refuses two halves: the first holds 11,280 MiB and a CUDA context, the second's own
     # context takes 512 more, 10,256 MiB are free for its 11,280 (Worker.init_device)
     (error,) = plan(catalog_vars, [lite("a", "0.5", [0]), lite("b", "0.5", [0])], gpu_share_cap=1.0)["errors"]
-    assert ("'ValueError: Free memory on device cuda:0 (10.02/22.03 GiB) on startup is less than desired GPU memory "
-            "utilization (0.5, 11.02 GiB).") in error
+    assert ("its share does not fit on GPU 0 beside a 11280 MiB (0.5): 11280 MiB of their shares + its 11280 MiB + "
+            "1024 MiB of CUDA contexts (2 x 512) = 23584 MiB, more than the 22560 MiB torch sees (this is the planner's "
+            "refusal, not vLLM's startup check") in error
     assert plan(catalog_vars, [lite("a", "0.5", [0]), lite("b", "0.45", [0])], gpu_share_cap=1.0)["errors"] == []
     assert plan(catalog_vars, [lite("a", "0.46", [0]), lite("b", "0.46", [0])])["errors"] == []
     assert plan(catalog_vars, [lite("a", "0.47", [0]), lite("b", "0.46", [0])])["errors"] != []

@@ -1011,7 +1011,13 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
     if mem["stop"]:
         raise SimExit(*mem["stop"], "vllm/v1/core/kv_cache_utils.py")
     kv_tokens, concurrency = mem["tokens"], mem["concurrency"]
-    # the KV cache takes the rest of the budget: the process now holds --gpu-memory-utilization x total per GPU
+    # the KV cache takes the rest of the budget: the process now holds --gpu-memory-utilization x total per GPU.
+    # GAP (not vLLM's behaviour, left as it is): vLLM's memory_profiling empties torch's cache after the profile run,
+    # so a started vLLM holds about its weights, non-torch memory and KV cache (and its CUDA context), not its whole
+    # share; its activations grow back only under load. Claiming the whole share here makes a later instance on the
+    # same GPU see less free memory at its startup check than it would beside a real vLLM (it is refused where vLLM
+    # might start it). Not changed because the lab tests count on it (tests/lab/test_simulator.py held_mib, the
+    # shares tests); docs/capacity.md ("A GPU shared by several instances") names the gap.
     CLAIM.set({g.uuid: int(budget // MIB) + context for g in used})
     log("INFO", "kv_cache_utils.py:1252", f"GPU KV cache size: {kv_tokens:,} tokens")
     log("INFO", "kv_cache_utils.py:1259", f"Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x")

@@ -963,11 +963,14 @@ class _Planner:
         return int(self.memory(idx) * MIB * util)
 
     def free_at_start(self, idx: int, inst: dict[str, Any]) -> int:
-        """What torch.cuda.mem_get_info() reports free on GPU idx when ``inst`` starts after every other instance on it
-        (bytes): the total as torch sees it less this process's CUDA context (created before Worker.init_device's
-        MemorySnapshot) and, for each other process, its share (a started vLLM holds its weights, KV cache and
-        workspaces: its requested memory) and its own CUDA context. Worker.init_device refuses to start when this is
-        below the share: "Free memory on device ... on startup is less than desired GPU memory utilization"."""
+        """What is left of GPU idx for ``inst``'s share when every instance on it runs at its share (bytes): the total
+        as torch sees it less this process's CUDA context and, for each other process, its share and its own CUDA
+        context. Alone on a GPU this is what Worker.init_device compares with the share at startup ("Free memory on
+        device ... on startup is less than desired GPU memory utilization"). Beside others it is the planner's own
+        bound, not vLLM's startup check: memory_profiling empties torch's cache after the profile run, so a freshly
+        started instance holds about its weights, non-torch memory and KV cache (and its CUDA context), not its whole
+        share, and vLLM would often start one more; under load each instance's activations grow back towards its
+        share, and shares that do not fit beside the contexts run out of memory then."""
         others = [o for o in self.use[idx] if o is not inst]
         held = sum(self.requested(idx, o["util"]) + CUDA_CONTEXT_MIB * MIB for o in others)
         return self.memory(idx) * MIB - CUDA_CONTEXT_MIB * MIB - held
@@ -1021,14 +1024,28 @@ class _Planner:
         return ", ".join(f"{o['name']} {self._mib(idx, o['util'])} MiB ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
 
     def _vllm_free_refusal(self, idx: int, inst: dict[str, Any]) -> str:
-        """vLLM's own words when the instance's share is not free at its start (Worker.init_device)."""
+        """Why the instance's share does not fit on GPU idx (free_at_start): alone, vLLM's own startup refusal
+        (Worker.init_device); beside other instances, the planner's refusal with its arithmetic (vLLM may well start
+        it: the others have freed their profile runs' activations)."""
         free, want, total = self.free_at_start(idx, inst), self.requested(idx, inst["util"]), self.memory(idx) * MIB
+        others = [o for o in self.use[idx] if o is not inst]
+        if not others:
+            return (
+                f"vLLM refuses to start it on GPU {idx}: 'ValueError: Free memory on device cuda:0 ({_gib(max(free, 0))}/"
+                f"{_gib(total)} GiB) on startup is less than desired GPU memory utilization ({_fmt(inst['util'])}, "
+                f"{_gib(want)} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.' (its "
+                f"CUDA context of {CUDA_CONTEXT_MIB} MiB sits outside the share: {total // MIB} MiB as torch sees the GPU)"
+            )
+        # in whole MiB per share, as the budget lines print them
+        shares, mine = sum(self._mib(idx, o["util"]) for o in others), self._mib(idx, inst["util"])
+        contexts = CUDA_CONTEXT_MIB * (len(others) + 1)
         return (
-            f"vLLM refuses to start it on GPU {idx} after {self._users(idx)}: 'ValueError: Free memory on device cuda:0 "
-            f"({_gib(max(free, 0))}/{_gib(total)} GiB) on startup is less than desired GPU memory utilization "
-            f"({_fmt(inst['util'])}, {_gib(want)} GiB). Decrease GPU memory utilization or reduce GPU memory used by "
-            f"other processes.' (each other process holds its share and a CUDA context of {CUDA_CONTEXT_MIB} MiB, and "
-            f"so does this one's context: {total // MIB} MiB as torch sees the GPU)"
+            f"its share does not fit on GPU {idx} beside {self._users(idx)}: {shares} MiB of their shares + its "
+            f"{mine} MiB + {contexts} MiB of CUDA contexts ({len(others) + 1} x {CUDA_CONTEXT_MIB}) = "
+            f"{shares + mine + contexts} MiB, more than the {total // MIB} MiB torch sees (this is the planner's "
+            "refusal, not vLLM's startup check: a started instance frees its profile run's activations and holds less "
+            "than its share, so vLLM may start this one, but under load each instance grows towards its share and "
+            "the GPU runs out of memory)"
         )
 
     def _over_budget(self, idx: int, inst: dict[str, Any]) -> str:

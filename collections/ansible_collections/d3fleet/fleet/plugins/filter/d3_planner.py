@@ -1023,7 +1023,7 @@ class _Planner:
         """Who holds how much of a GPU: each instance's share in MiB (and its --gpu-memory-utilization)."""
         return ", ".join(f"{o['name']} {self._mib(idx, o['util'])} MiB ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
 
-    def _vllm_free_refusal(self, idx: int, inst: dict[str, Any]) -> str:
+    def _share_refusal(self, idx: int, inst: dict[str, Any]) -> str:
         """Why the instance's share does not fit on GPU idx (free_at_start): alone, vLLM's own startup refusal
         (Worker.init_device); beside other instances, the planner's refusal with its arithmetic (vLLM may well start
         it: the others have freed their profile runs' activations)."""
@@ -1049,10 +1049,10 @@ class _Planner:
         )
 
     def _over_budget(self, idx: int, inst: dict[str, Any]) -> str:
-        """The policy cap's refusal when the shares pass it, else vLLM's own (the CUDA contexts beside the shares)."""
+        """The policy cap's refusal when the shares pass it, else _share_refusal's (the CUDA contexts beside the shares)."""
         cap = float(self.opt.gpu_share_cap)
         if not self.use[idx] or self.util[idx] + inst["util"] <= cap + 1e-9:
-            return self._vllm_free_refusal(idx, inst)
+            return self._share_refusal(idx, inst)
         used = sum(self._mib(idx, o["util"]) for o in self.use[idx])
         return (
             f"VRAM over budget on GPU {idx}: its share of {self._mib(idx, inst['util'])} MiB (--gpu-memory-utilization "
@@ -1098,7 +1098,7 @@ class _Planner:
                     and self.free_at_start(i, inst) < self.requested(i, inst["util"])]  # fmt: skip
             self.refuse(
                 where,
-                self._vllm_free_refusal(vllm[0], inst) if vllm else
+                self._share_refusal(vllm[0], inst) if vllm else
                 f"VRAM over budget: no {inst['tp']} GPU(s) with {self._mib(next(iter(self.util)), inst['util'])} MiB "
                 f"(--gpu-memory-utilization {_fmt(inst['util'])}) left within d3_gpu_share_cap "
                 f"{_fmt(float(self.opt.gpu_share_cap))} of each GPU's memory ({state})",

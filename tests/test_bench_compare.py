@@ -48,7 +48,8 @@ def test_paired_accuracy_lists_the_flips_and_the_issue_s_seven_are_flagged() -> 
     assert d["right_to_wrong"] == ["c0/q0", "c0/q1", "c1/q0", "c1/q1", "c2/q0", "c2/q1", "c3/q0"]
     assert round(d["p"], 3) == 0.016
     out = bc.compare(report(inst("a", before, [1.0])), report(inst("a", after, [1.0])))
-    assert out["tests"] == 2 and out["rows"][0]["accuracy"]["changed"] is True  # accuracy and noul calibration
+    assert out["tests"] == 1 and out["rows"][0]["accuracy"]["changed"] is True  # accuracy (calibration: no difference)
+    assert out["rows"][0]["calibration"]["noul"]["untestable"] and out["rows"][0]["calibration"]["noul"]["changed"] is False
     # the other way round: listed as wrong->right
     back = bc.paired_accuracy(inst("a", after, [1.0]), inst("a", before, [1.0]))
     assert back["right_to_wrong"] == [] and len(back["wrong_to_right"]) == 7
@@ -87,18 +88,18 @@ def test_one_family_holm_by_default_and_bh_on_request() -> None:
     old = report(inst("a", [True] * 4, base), inst("b", [True] * 4, base))
     new = report(inst("a", [True] * 4, slow), inst("b", [True] * 4, base))
     out = bc.compare(old, new)
-    assert out["method"] == "Holm (1979) step-down, family-wise error rate 0.05" and out["tests"] == 6
-    assert [(f["instance"], f["figure"]) for f in out["family"]] == [
-        ("h/a", "accuracy"), ("h/a", "calibration noul"), ("h/a", "latency q4"),
-        ("h/b", "accuracy"), ("h/b", "calibration noul"), ("h/b", "latency q4")]
+    # no flips and no calibration difference: those tests cannot reject and are not in the family (Holm's m)
+    assert out["method"] == "Holm (1979) step-down, family-wise error rate 0.05" and out["tests"] == 2
+    assert [(f["instance"], f["figure"]) for f in out["family"]] == [("h/a", "latency q4"), ("h/b", "latency q4")]
     a, b = out["rows"]
     assert a["latency"]["q4"]["changed"] is True and b["latency"]["q4"]["changed"] is False
-    assert a["latency"]["q4"]["adjusted_p"] == pytest.approx(min(1.0, 6 * a["latency"]["q4"]["p"]))
+    assert a["latency"]["q4"]["adjusted_p"] == pytest.approx(min(1.0, 2 * a["latency"]["q4"]["p"]))
+    assert a["accuracy"]["untestable"] and a["accuracy"]["adjusted_p"] is None and a["accuracy"]["changed"] is False
     assert a["throughput"][4]["single"] is True  # one run of the closed loop: not in the family
     bh = bc.compare(old, new, "bh", 0.1)
     assert bh["method"] == "Benjamini-Hochberg (1995) step-up, false discovery rate 0.1" and bh["alpha"] == 0.1
     lines = bc.table(out, old, new)
-    assert lines[1] == ("  one family of 6 tests (accuracy, calibration noul, latency q4; over every instance below), "
+    assert lines[1] == ("  one family of 2 tests (latency q4; over every instance below), "
                         "Holm (1979) step-down, family-wise error rate 0.05: CHANGED where the adjusted p <= 0.05")
     assert any(ln.startswith("  q4 latency") and ln.endswith("CHANGED") for ln in lines)
 
@@ -109,8 +110,11 @@ def test_the_interval_beside_a_verdict_is_at_the_verdict_s_level() -> None:
     verdict's level (1 - 0.05 x p / adjusted p) contains 1; instance b 10 % slower is CHANGED and its adjusted interval
     excludes 1 and is wider than its 95 % one. The printed line carries both, labelled."""
     base = [100.0, 102.0, 98.0, 101.0, 99.0]
-    old = report(inst("a", [True] * 4, base), inst("b", [True] * 4, base))
-    new = report(inst("a", [True] * 4, [x * 1.03 for x in base[1:] + base[:1]]), inst("b", [True] * 4, [x * 1.1 for x in base]))
+    was, now, prop = [True, False, True, False], [False, True, True, False], [0.2, 0.0, 0.1, 0.1]  # testable: 6 tests
+    old = report(inst("a", was, base), inst("b", was, base))
+    new = report(inst("a", now, [x * 1.03 for x in base[1:] + base[:1]], proper=prop),
+                 inst("b", now, [x * 1.1 for x in base], proper=prop))
+    assert out_tests(old, new) == 6
     out = bc.compare(old, new)
     a, b = (r["latency"]["q4"] for r in out["rows"])
     assert a["interval"][0] > 1.0 and not a["changed"] and a["adjusted_interval"][0] < 1.0 < a["adjusted_interval"][1]
@@ -126,10 +130,11 @@ def test_the_interval_beside_a_verdict_is_at_the_verdict_s_level() -> None:
     lo, hi = b["adjusted_interval"]
     assert f"95 % [{b['interval'][0]:.3f}, {b['interval'][1]:.3f}]" in line
     assert f"{100 * b['adjusted_level']:.2f} % at the verdict's level [{lo:.3f}, {hi:.3f}]" in line
-    # no spread at all: p 0, the adjusted level alpha / m
-    flat = bc.compare(report(inst("a", [True], [100.0, 100.0])), report(inst("a", [True], [110.0, 110.0])))
-    d = flat["rows"][0]["latency"]["q4"]
-    assert d["p"] == 0.0 and d["adjusted_level"] == pytest.approx(1 - 0.05 / flat["tests"]) and d["detectable"] == 1.0
+    # no spread at all: untestable (tests/test_bench_review2.py), not p 0
+
+
+def out_tests(old: dict[str, Any], new: dict[str, Any]) -> int:
+    return bc.compare(old, new, detect=False)["tests"]
 
 
 def test_each_run_level_comparison_prints_the_smallest_detectable_ratio() -> None:
@@ -214,14 +219,15 @@ def test_compare_table_and_plot(tmp_path: Path) -> None:
     assert lines[0] == "bench-compare [SIMULATED]: monday -> tuesday"
     assert "    right->wrong: c0/q0, c0/q1, c1/q0, c1/q1, c2/q0, c2/q1, c3/q0" in lines
     assert "    wrong->right: -" in lines
-    assert any(ln.startswith("  accuracy      10/10 -> 3/10: right->wrong 7, wrong->right 0") and ln.endswith("CHANGED")
+    assert any(ln.startswith("  accuracy      10/10 -> 3/10 answered both times: right->wrong 7, wrong->right 0")
+               and ln.endswith("CHANGED")
                for ln in lines)
     (tmp_path / "old.json").write_text(json.dumps(old))
     (tmp_path / "new.json").write_text(json.dumps(new))
     assert bc.main([str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--plot", str(tmp_path / "d.png"),
                     "--json", str(tmp_path / "d.json")]) == 0
     saved = json.loads((tmp_path / "d.json").read_text())
-    assert saved["rows"][0]["instance"] == "h/a" and saved["tests"] == 3
+    assert saved["rows"][0]["instance"] == "h/a" and saved["tests"] == 2
     assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit):
         bc.main([str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--alpha", "1.5"])

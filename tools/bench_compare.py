@@ -15,9 +15,13 @@ Per instance both reports benched (host/name), every figure that can be tested i
 - latency (2- and 4-question, one at a time) and closed-loop throughput per concurrency, on RUN-LEVEL figures: each
   run's median latency (requests/s) is one observation, so the spread between runs is measured, not assumed; Welch's
   t test on their logarithms gives the ratio new/old of the runs' geometric means, with its 95 % interval and its
-  interval at the level the verdict used (the Holm or BH adjustment's), and the smallest ratio the test could
-  detect with power 0.8 given the spread measured and the number of runs. With one run a side there is no spread
-  to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2).
+  interval at an adjusted level (adjusted_interval: the verdict's level, or Benjamini-Yekutieli's for BH's flagged),
+  and the smallest ratio the test could detect with power 0.8 given the spread measured and the number of runs
+  (a lower bound on the power: d3_bench_stats.detectable_ratio). With one run a side there is no spread
+  to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2);
+  with every run identical on both sides it is "untestable" and not tested either.
+Questions unanswered on either side (failed requests) are left out of the accuracy pairs and counted per side.
+Tests that cannot reject (no flips, every paired difference 0) are shown but left out of the family.
 Every p-value of the comparison, over all instances, is one family: Holm's step-down (default; family-wise error
 rate alpha) or Benjamini-Hochberg (--method bh; false discovery rate alpha) adjusts them, and a figure is CHANGED
 when its adjusted p <= alpha. The output names the method, alpha and the family. Exit code 0; the flags are in the
@@ -49,18 +53,33 @@ def _pairs(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[tuple[str, st
     return rows(old), rows(new)
 
 
+def _answered(row: dict[str, Any]) -> bool:
+    """Whether a per-question row carries an answer: d3_bench.judge gives `given` None to a failed request (a timeout,
+    an error) and to a reply without the question's answer; a row from before `given` was recorded counts as answered."""
+    return "given" not in row or row["given"] is not None
+
+
 def paired_accuracy(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
-    """The flips between two runs of the same suite, per (case, question) both asked: right -> wrong and wrong ->
-    right listed as "case/question", with the exact McNemar p; None when a report carries no per-question rows."""
+    """The flips between two runs of the same suite, per (case, question) answered in both: right -> wrong and wrong
+    -> right listed as "case/question", with the exact McNemar p; None when a report carries no per-question rows.
+    A question unanswered on either side (a failed request: d3_bench scores it wrong) is left out of the pairs and
+    counted in `unanswered` [old, new], never as a flip: before the statistician's second review, identical answers
+    with 3 of 10 cases timed out gave 9 right -> wrong flips, McNemar p 0.0039, CHANGED. No flip at all: the test
+    cannot reject (p 1 whatever happens elsewhere), so it is `untestable` and left out of the family (compare)."""
     before, after = _pairs(old, new)
-    both = [k for k in after if k in before]
-    if not both:
+    asked = [k for k in after if k in before]
+    if not asked:
         return None
+    both = [k for k in asked if _answered(before[k]) and _answered(after[k])]
     worse = [f"{c}/{q}" for c, q in both if before[(c, q)]["correct"] and not after[(c, q)]["correct"]]
     better = [f"{c}/{q}" for c, q in both if not before[(c, q)]["correct"] and after[(c, q)]["correct"]]
-    return {"test": "exact McNemar", "pairs": len(both), "old": sum(bool(before[k]["correct"]) for k in both),
-            "new": sum(bool(after[k]["correct"]) for k in both), "right_to_wrong": worse, "wrong_to_right": better,
-            "p": st.mcnemar_exact(len(worse), len(better))}
+    out = {"test": "exact McNemar", "pairs": len(both), "old": sum(bool(before[k]["correct"]) for k in both),
+           "new": sum(bool(after[k]["correct"]) for k in both), "right_to_wrong": worse, "wrong_to_right": better,
+           "unanswered": [sum(not _answered(before[k]) for k in asked), sum(not _answered(after[k]) for k in asked)],
+           "p": st.mcnemar_exact(len(worse), len(better))}
+    if not worse and not better:
+        out["untestable"] = "no flips: the test cannot reject"
+    return out
 
 
 def paired_calibration(old: dict[str, Any], new: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -72,8 +91,12 @@ def paired_calibration(old: dict[str, Any], new: dict[str, Any], kind: str) -> d
     if not both:
         return None
     a, b = [before[k]["proper"] for k in both], [after[k]["proper"] for k in both]
-    test = st.sign_flip_test([y - x for x, y in zip(a, b, strict=True)])
-    return {"test": "paired sign-flip", "pairs": len(both), "old": sum(a) / len(a), "new": sum(b) / len(b), **test}
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    out = {"test": "paired sign-flip", "pairs": len(both), "old": sum(a) / len(a), "new": sum(b) / len(b),
+           **st.sign_flip_test(diffs)}
+    if not any(diffs):
+        out["untestable"] = "every difference 0: the test cannot reject"  # left out of the family (compare)
+    return out
 
 
 def run_level(old: list[float], new: list[float]) -> dict[str, Any]:
@@ -88,20 +111,32 @@ def run_level(old: list[float], new: list[float]) -> dict[str, Any]:
     test = st.welch([math.log(x) for x in old], [math.log(x) for x in new])
     if test is None:
         return {**out, "single": True, "p": None}
+    if test.get("untestable"):  # zero spread on both sides: reported, not tested, never CHANGED
+        return {**out, "single": False, "test": "Welch on log run figures", "ratio": math.exp(test["diff"]),
+                "p": None, "untestable": test["untestable"]}
     return {**out, "single": False, "test": "Welch on log run figures", "ratio": math.exp(test["diff"]),
             "interval": [math.exp(test["interval"][0]), math.exp(test["interval"][1])], "p": test["p"]}
 
 
-def adjusted_interval(d: dict[str, Any], alpha: float, family: int, detect: bool = True) -> None:
-    """A run-level test's interval at the level its verdict used, and the smallest ratio it could detect. The verdict
-    is CHANGED when adjusted p <= alpha, i.e. p <= alpha x p / adjusted p: the 1 - alpha x p / adjusted p interval
-    (`adjusted_level`, `adjusted_interval`) excludes a ratio of 1 exactly when the figure is CHANGED (under
-    Benjamini-Hochberg this is the false-coverage-rate interval of Benjamini and Yekutieli, JASA 100 (2005) 71-81;
-    alpha / m when p is 0). `detectable`: the smallest slowdown ratio Welch's test on these runs' logarithms detects
+def adjusted_interval(d: dict[str, Any], alpha: float, family: int, detect: bool = True,
+                      selected: int | None = None) -> None:
+    """A run-level test's interval at an adjusted level, and the smallest ratio it could detect.
+    Holm (and a figure not flagged under Benjamini-Hochberg): the interval at the marginal level the verdict used,
+    1 - alpha x p / adjusted p (the verdict is CHANGED when adjusted p <= alpha, i.e. p <= alpha x p / adjusted p), so
+    it excludes a ratio of 1 exactly when the figure is CHANGED: the inverted adjusted test, a display of the verdict,
+    with no simultaneous-coverage claim (Holm-compatible simultaneous intervals are another construction: K.
+    Strassburger and F. Bretz, Statistics in Medicine 27 (2008) 4914-4927). Benjamini-Hochberg, a flagged figure
+    (`selected` = R of the family's m flagged): Benjamini and Yekutieli's false-coverage-statement-rate adjusted
+    interval for the selected, at level 1 - R x alpha / m for every selected one (JASA 100 (2005) 71-81, Definition 1
+    with the BH selection: the rate of non-covering intervals among the selected stays at most alpha); it excludes 1
+    since BH selected p <= R x alpha / m. Before the second review the code used the verdict's level for BH too
+    and called it BY's: p = (0.001, 0.002) gave 97.5 % and 95 % where BY's rule gives 95 % to both.
+    `detectable`: the smallest slowdown ratio Welch's test on these runs' logarithms detects
     with power 0.8 at alpha / m (the level Holm's first step, and a lone Benjamini-Hochberg discovery, need), given
     the run-to-run spread measured on both sides (d3_bench_stats.detectable_ratio); None when there is no spread
     estimate (or `detect` false)."""
-    level = alpha * d["p"] / d["adjusted_p"] if d["adjusted_p"] > 0 else alpha / family
+    verdict = alpha * d["p"] / d["adjusted_p"] if d["adjusted_p"] > 0 else alpha / family
+    level = selected * alpha / family if selected else verdict
     logs = [[math.log(x) for x in side] for side in d["values"]]
     test = st.welch(logs[0], logs[1], level)
     d["adjusted_level"] = 1.0 - level
@@ -147,12 +182,18 @@ def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alph
         figures = [("accuracy", r["accuracy"]), *((f"calibration {k}", r["calibration"][k]) for k, _ in KINDS),
                    *((f"latency {q}", r["latency"][q]) for q in ("q2", "q4")),
                    *((f"closed loop c={c}", d) for c, d in r["throughput"].items())]
-        tests += [(r["instance"], name, d) for name, d in figures if d is not None and d.get("p") is not None]
+        tests += [(r["instance"], name, d) for name, d in figures
+                  if d is not None and d.get("p") is not None and not d.get("untestable")]
+        for _, d in figures:  # a test that cannot reject is not in the family (Holm's m, BH's m): it stays valid
+            if d is not None and d.get("untestable"):
+                d["adjusted_p"], d["changed"] = None, False
     name, rate, adjust = METHODS[method]
     for (_, _, d), adj in zip(tests, adjust([d["p"] for _, _, d in tests]), strict=True):
         d["adjusted_p"], d["changed"] = adj, adj <= alpha
+    flagged = sum(d["changed"] for _, _, d in tests)
+    for _, _, d in tests:
         if "ratio" in d:
-            adjusted_interval(d, alpha, len(tests), detect)
+            adjusted_interval(d, alpha, len(tests), detect, flagged if method == "bh" and d["changed"] else None)
     return {"method": f"{name}, {rate} {alpha:g}", "alpha": alpha, "tests": len(tests),
             "family": [{"instance": i, "figure": n, "p": d["p"], "adjusted_p": d["adjusted_p"], "changed": d["changed"]}
                        for i, n, d in tests],
@@ -160,6 +201,8 @@ def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alph
 
 
 def _p(d: dict[str, Any]) -> str:
+    if d.get("untestable"):
+        return f"p {d['p']:.3g}, not tested ({d['untestable']}: left out of the family)"
     return f"p {d['p']:.3g}, adjusted {d['adjusted_p']:.3g}"
 
 
@@ -174,6 +217,10 @@ def _run_line(d: dict[str, Any], unit: str, fmt: str) -> str:
     if d["single"]:
         return (f"{head}: {d['runs'][0]} run(s) -> {d['runs'][1]}: cannot tell noise from change (not tested; "
                 "bench with d3_bench_repeats >= 2)")
+    if d.get("untestable"):
+        return (f"{head} (x{d['ratio']:.3f}; {d['runs'][0]} + {d['runs'][1]} runs): untestable, {d['untestable']} "
+                "(every run identical on both sides, e.g. throughput quantized in steps of 1/window): not tested, "
+                "not CHANGED")
     lo, hi = d["interval"]
     alo, ahi = d["adjusted_interval"]
     det = "-" if d["detectable"] is None else f"x{d['detectable']:.3f}"
@@ -190,8 +237,10 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
              f"{result['method']}: CHANGED where the adjusted p <= {result['alpha']:g}",
              "  accuracy and calibration paired per question (exact McNemar; sign-flip, exact up to 32 pairs); latency "
              "and throughput on run-level figures (each run's median, or its requests/s), ratio new/old of their geometric means",
-             "  intervals: 95 % unadjusted, and at the level the verdict used (alpha x p / adjusted p: it excludes 1 "
-             "exactly when CHANGED); detectable: the smallest ratio Welch's test on these runs detects with power 0.8 "
+             "  intervals: 95 % unadjusted, and adjusted: Holm, and BH's unflagged, at the level the verdict used "
+             "(alpha x p / adjusted p: it excludes 1 exactly when CHANGED; no simultaneous coverage claimed), BH's "
+             "flagged at Benjamini-Yekutieli's 1 - R alpha/m; tests that cannot reject (no flips, no difference, no "
+             "spread) are not in the family; detectable: the smallest ratio Welch's test on these runs detects with power 0.8 "
              f"at alpha/m = {result['alpha']:g}/{max(result['tests'], 1)}, from the run-to-run spread measured"]
     for r in result["rows"]:
         lines.append(f"{r['instance']} ({r['model']}): image {r['image'][0]} -> {r['image'][1]}")
@@ -199,8 +248,12 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
         if a is None:
             lines.append("  accuracy      - (no per-question rows: not tested)")
         else:
-            lines += [f"  accuracy      {a['old']}/{a['pairs']} -> {a['new']}/{a['pairs']}: right->wrong "
-                      f"{len(a['right_to_wrong'])}, wrong->right {len(a['wrong_to_right'])}; exact McNemar {_p(a)}{_flag(a)}",
+            miss = a.get("unanswered") or [0, 0]
+            gone = (f" ({miss[0]} old, {miss[1]} new unanswered, e.g. timed out: left out, not flips)"
+                    if any(miss) else "")
+            lines += [f"  accuracy      {a['old']}/{a['pairs']} -> {a['new']}/{a['pairs']} answered both times{gone}: "
+                      f"right->wrong {len(a['right_to_wrong'])}, wrong->right {len(a['wrong_to_right'])}; exact McNemar "
+                      f"{_p(a)}{_flag(a)}",
                       f"    right->wrong: {', '.join(a['right_to_wrong']) or '-'}",
                       f"    wrong->right: {', '.join(a['wrong_to_right']) or '-'}"]
         for kind, label in KINDS:
@@ -232,7 +285,7 @@ def plot(result: dict[str, Any], path: str, simulated: bool) -> None:
         d = r["latency"]["q4"]
         if d["old"] is None or d["new"] is None:
             continue
-        if d["single"]:
+        if d["single"] or d.get("untestable"):
             right.plot([d["new"] / d["old"]], [y], marker="o", mfc="none", color="tab:grey")
         else:
             lo, hi = d["adjusted_interval"]

@@ -480,5 +480,7 @@ def test_bench_compare_across_a_rollout_flags_latency_not_accuracy(bench: dict[s
         assert lite["latency"][q]["runs"] == [5, 5] and lite["latency"][q]["changed"] and lite["latency"][q]["ratio"] > 1
     for row in rows.values():  # the same answers: no flip, nothing flagged
         assert row["accuracy"]["right_to_wrong"] == row["accuracy"]["wrong_to_right"] == [] and not row["accuracy"]["changed"]
-    assert "Holm (1979) step-down, family-wise error rate 0.05" in tool.stdout and result["tests"] > 2
+    # the family holds only the tests that can reject (the second review): no flips, no calibration difference and
+    # identical throughput runs are out of it, so at least host3's d3-lite's q2 and q4 latency remain
+    assert "Holm (1979) step-down, family-wise error rate 0.05" in tool.stdout and result["tests"] >= 2
     assert "CHANGED" in tool.stdout and (out / "bench-compare.png").stat().st_size > 10_000

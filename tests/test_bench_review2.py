@@ -153,3 +153,29 @@ def test_the_how_many_runs_table_in_the_docs_is_the_code_s() -> None:
             alone, family = (st.detectable_ratio(runs(s, k), runs(s, k), a) for a in (0.05, 0.05 / 40))
             want.append(" / ".join("> 20" if r > 20 else f"{r:.3f}" for r in (alone, family)))
         assert cells == want, k
+
+
+def bench_load_module() -> Any:
+    sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"))
+    import bench_load
+
+    return bench_load
+
+
+def test_a_timed_out_open_request_is_censored_in_the_latency_from_the_schedule() -> None:
+    """Review item 8 (t6.py's overload): 18 requests answered 100 ms from their intended time, 2 timed out after 60 s
+    (status -1): they are censored at what they spent (at least 60 s), counted in n, and the tail is a lower bound
+    of 60 s - before they were dropped and the p99 read 100 ms."""
+    bl = bench_load_module()
+    due = 1000.0
+    recs = [{"sent": due + 1.0 + i * 0.1, "received": due + 1.1 + i * 0.1, "ms": 100.0, "status": 200,
+             "input_tokens": None, "scheduled_s": 1.0 + i * 0.1, "lag_ms": 0.0, "ms_from_schedule": 100.0}
+            for i in range(18)]
+    recs += [{"sent": due + 2.0 + i, "received": due + 62.0 + i, "ms": 60000.0, "status": -1, "input_tokens": None,
+              "scheduled_s": 2.0 + i, "lag_ms": 5.0, "ms_from_schedule": 60005.0, "error": "timed out"} for i in range(2)]
+    f = bl.window_figures(recs, due + 0.5, due + 10.0, 4, 0.0, "ms_from_schedule", due=due)
+    assert f["n"] == 20 and f["censored"] == 2
+    assert f["p99"] == pytest.approx(60005.0) and f["max"] == 60005.0 and "p99" in f["lower_bound"]
+    assert f["p50"] == 100.0 and "p50" not in f["lower_bound"]
+    sent = bl.window_figures(recs, due + 0.5, due + 10.0, 4, 0.0, "ms", due=due)  # from the send: answers only
+    assert sent["n"] == 18 and sent["max"] == 100.0 and "censored" not in sent

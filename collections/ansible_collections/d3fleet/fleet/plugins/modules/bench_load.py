@@ -34,7 +34,8 @@ description:
     did not drive (sent under 95 % of the offered rate over its sending time, or a 99th percentile lag - the
     dispatcher's start of a request's thread after its intended time - of max(1 ms, 5 % of the mean gap 1/rate) or
     more) is C(driven=false), with the reason. Requests never sent that were due in the window count in the latency
-    from the schedule as censored at the window's end; a percentile that reaches them is listed in C(lower_bound).
+    from the schedule as censored at the window's end, and requests that failed (timeouts, errors) as censored at the
+    time they spent; a percentile that reaches them is listed in C(lower_bound).
   - Per level - requests/s, questions/s, input tokens/s (the answers' C(usage.input_tokens)), goodput (answers
     within O(slo_ms) per second; open loop - from the schedule), errors, latency percentiles with their n and
     distribution-free intervals, and the server's C(/metrics) (O(metrics_path)) read before, halfway through and
@@ -214,7 +215,8 @@ results:
       description: One item per request rate, as O(concurrency)'s items (from the send) with C(rate), C(scheduled),
         C(offered_per_s), C(sent_per_s), C(not_sent), C(lag) (a summary of how late the dispatcher started each
         request's thread after its intended time), C(lag_p99_ms), C(from_schedule) (the percentiles from the intended
-        send time, with C(censored) - the requests never sent, due in the window - and C(lower_bound) - the figures
+        send time, with C(censored) - the requests never sent, due in the window, and those that failed - and
+        C(lower_bound) - the figures
         they make lower bounds), C(driven), C(not_driven) (why not) and C(generator_limit) instead of
         C(concurrency).
       type: list
@@ -597,8 +599,9 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
                 "elapsed_s": round(elapsed, 3), "offered_per_s": round(len(schedule) / duration_s, 2),
                 "sent_per_s": round(len(threads) / max(duration_s, last - begin), 2), "max_inflight": max_inflight,
                 "lag": summary(lags, 2), "lag_p99_ms": summary(lags, 2)["p99"],
-                "from_schedule": summary([r["ms_from_schedule"] for r in ok],
-                                         censored=[max(0.0, (duration_s - at) * 1000.0) for at in unsent]),
+                "from_schedule": summary([r["ms_from_schedule"] for r in ok],  # failed: censored (window_figures)
+                                         censored=[max(0.0, (duration_s - at) * 1000.0) for at in unsent]
+                                         + [r["ms_from_schedule"] for r in recs if r["status"] != 200]),
                 "_recs": list(recs) + never,
                 **summary([r["ms"] for r in ok])}
 
@@ -680,7 +683,10 @@ def window_figures(recs: list[dict], start: float, end: float, questions: int, s
     a request belongs to the window by its intended time (due + scheduled_s), not by when it went out. Latency from
     the schedule (`key` "ms_from_schedule") counts the requests never sent that were due inside the window as
     censored at its end - each waited at least end - intended time (d3_bench_stats.summary's `censored`): a figure
-    that reaches them is a lower bound (`lower_bound`), not left biased low by their absence."""
+    that reaches them is a lower bound (`lower_bound`), not left biased low by their absence. So are the requests
+    sent inside the window that failed (a timeout, an error, a refusal): no answer came, so the time to one is at
+    least what was spent (`ms_from_schedule`: a request that timed out after 60 s waited at least 60 s plus its lag).
+    Before the statistician's second review they were dropped, biasing the tail low exactly in overload."""
     inside, censored = [], []
     for r in recs:
         if r.get("sent") is None:
@@ -697,7 +703,11 @@ def window_figures(recs: list[dict], start: float, end: float, questions: int, s
     length = max(0.0, end - start)
     counted = [r for r in inside if r["window"] == "in"]
     ok = [r[key] for r in inside if r["status"] == 200]
-    figures = summary(ok, censored=censored) if key == "ms_from_schedule" else summary(ok)
+    if key == "ms_from_schedule":
+        censored += [r[key] for r in inside if r["status"] != 200 and r.get(key) is not None]
+        figures = summary(ok, censored=censored)
+    else:
+        figures = summary(ok)
     return {**level_figures(counted, length, questions, slo_ms, key), "window_s": round(length, 3), **figures}
 
 

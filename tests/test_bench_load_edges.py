@@ -194,6 +194,13 @@ def test_accuracy_pass_records_each_case(scripted: type[Scripted]) -> None:
         {**common, "id": "c5", "status": 200},
     ]
     assert scripted.CALLS[1:] == [("POST", "/p", f'{{"model": "m", "state": "{n}"}}'.encode()) for n in ("c1", "c2", "c3", "c4", "c5")]
+    rec = bench_load.Recorder()
+    scripted.SCRIPT = {("POST", "/p"): [(200, b'{"answers": {"a": 1}}'), (500, b"dead")]}
+    bench_load.accuracy_pass(scripted("u", 1.0, None), "/p", "m", cases[:2], rec)
+    assert [{k: v for k, v in r.items() if k not in ("sent", "received")} for r in rec.records] == [
+        {"phase": "accuracy", "case": "c1", "answers": {"a": 1}, "ms": 12.35, "status": 200, "input_tokens": None},
+        {"phase": "accuracy", "case": "c2", "answers": None, "ms": 12.35, "status": 500, "input_tokens": None,
+         "error": "HTTP 500: dead"}]
 
 
 def test_latency_pass_counts_errors_and_questions(scripted: type[Scripted]) -> None:
@@ -207,6 +214,13 @@ def test_latency_pass_counts_errors_and_questions(scripted: type[Scripted]) -> N
                  "p95": 12.3, "p99": 12.3, "max": 12.3, "interval": NONE, "unsupported": ["p50", "p95", "p99"]},
     }
     assert bench_load.latency_pass(scripted("u", 1.0, None), "/p", "m", reqs[:1], 0)["q2"]["n"] == 0
+    rec = bench_load.Recorder()
+    scripted.SCRIPT = {("POST", "/p"): [(200, b""), (503, b"busy")]}
+    bench_load.latency_pass(scripted("u", 1.0, None), "/p", "m", reqs[:1], 2, rec, run=3)
+    assert [(r["phase"], r["label"], r["run"], r["status"], r.get("error")) for r in rec.records] == [
+        ("latency", "q2", 3, 200, None), ("latency", "q2", 3, 503, "HTTP 503: busy")]
+    bench_load.latency_pass(scripted("u", 1.0, None), "/p", "m", reqs[:1], 1, rec)
+    assert rec.records[-1]["run"] == 1  # one run unless told
 
 
 # --------------------------------------------------------------------------------------------- the throughput pass
@@ -288,10 +302,20 @@ def test_a_level_stops_at_max_requests_and_keeps_three_error_examples(timed: typ
     timed.STEP = 0.0  # the clock stands still: only max_requests ends the level
     timed.SCRIPT = {("POST", "/p"): [(500, b"e"), (501, b"d"), (500, b"e"), (502, b"c"), (503, b"b"), (200, b"")]}
     row = bench_load.load_level(TARGET, "/p", b"{}", 2, 1.0, 5, 60.0)
+    assert sorted(timed.CLOCK.slept) == [0.0, 0.05]  # the starts spread over the level's first tenth
     assert (row["requests"], row["errors"], row["_ok"]) == (5, 5, 0)
     assert row["error_examples"] == ["HTTP 500: e", "HTTP 501: d", "HTTP 502: c"]
     assert (row["elapsed_s"], row["requests_per_s"], row["n"], row["p50"]) == (0.0, 0.0, 0, None)
     assert [c[0] for c in timed.CALLS].count("new") == 2 and [c[0] for c in timed.CALLS].count("close") == 2
+
+
+def test_a_level_records_each_request_and_its_rate_under_a_second(timed: type[Timed]) -> None:
+    timed.SCRIPT = {("POST", "/p"): [(200, b""), (500, b"dead")]}
+    timed.CLOCK.main_now = 0.5  # the level took half a second
+    rec = bench_load.Recorder()
+    row = bench_load.load_level(TARGET, "/p", b"{}", 1, 0.5, 0, 60.0, rec)
+    assert (row["requests"], row["_ok"], row["requests_per_s"]) == (2, 1, 2.0)
+    assert [(r["phase"], r["concurrency"], r["status"]) for r in rec.records] == [("closed", 1, 200), ("closed", 1, 500)]
 
 
 def test_a_failing_thread_is_an_error_not_a_silent_death(timed: type[Timed]) -> None:
@@ -450,7 +474,7 @@ def test_module_refuses_bad_settings(capsys: pytest.CaptureFixture[str], bad: di
 def test_module_accepts_the_edges_of_the_settings(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_load, "bench_target", lambda p, t: {"name": t["name"], "samples": p["samples"]})
     out = run_module(bench_load, capsys, targets=[{"name": "a", "url": "u", "model": "m"}], concurrency=[1], samples=0,
-                     duration_s=0.01)
+                     duration_s=0.01, request_rates=[0.5], max_inflight=1)
     assert out["results"] == [{"name": "a", "samples": 0}] and "failed" not in out
 
 

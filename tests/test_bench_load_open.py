@@ -48,6 +48,7 @@ class Fake:
     SCRIPT: ClassVar[list[tuple[int, bytes, float]]] = []
     PAGES: ClassVar[list[str]] = []
     CALLS: ClassVar[list[tuple[Any, ...]]] = []
+    BODIES: ClassVar[list[bytes | None]] = []  # the POSTs' bodies, in turn
     HOLD: ClassVar[threading.Event | None] = None
     lock = threading.Lock()
 
@@ -59,6 +60,8 @@ class Fake:
     def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, float]:
         with self.lock:
             self.CALLS.append((method, path))
+            if method == "POST":
+                self.BODIES.append(body)
             if path == "/metrics":
                 return (200, self.PAGES.pop(0).encode(), 1.0) if self.PAGES else (404, b"", 1.0)
             status, data, ms = self.SCRIPT.pop(0) if len(self.SCRIPT) > 1 else self.SCRIPT[0]
@@ -76,7 +79,7 @@ class Fake:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> tuple[type[Fake], Clock]:
     clock = Clock()
-    Fake.SCRIPT, Fake.PAGES, Fake.CALLS, Fake.HOLD = [(200, ANSWER, 50.0)], [], [], None
+    Fake.SCRIPT, Fake.PAGES, Fake.CALLS, Fake.BODIES, Fake.HOLD = [(200, ANSWER, 50.0)], [], [], [], None
     monkeypatch.setattr(bench_load, "Client", Fake)
     monkeypatch.setattr(bench_load, "time", clock)
     return Fake, clock
@@ -98,6 +101,10 @@ def test_records_carry_send_and_receive_times(fake: tuple[type[Fake], Clock]) ->
     assert ok == {"phase": "latency", "label": "q4", "sent": 1.7e9 + 1.25, "received": 1.7e9 + 1.2755, "ms": 25.5,
                   "status": 200, "input_tokens": 412}
     assert bad["error"] == "HTTP 500: engine dead" and bad["input_tokens"] is None and rec.records == [ok, bad]
+    # sent and received to the microsecond, ms to 0.01; an error's body is not an answer: no tokens counted
+    fine = rec.add("open", 503, ANSWER, 25.5678, 1.7e9 + 1.2345678)
+    assert (fine["sent"], fine["received"], fine["ms"], fine["input_tokens"]) == (1700000001.234568, 1700000001.260136,
+                                                                                  25.57, None)
 
 
 def test_poisson_arrivals_are_seeded_and_average_the_rate() -> None:
@@ -120,8 +127,12 @@ def test_an_open_level_sends_on_schedule_whatever_the_answers(fake: tuple[type[F
     assert row["scheduled"] == len(schedule) == row["requests"] and row["offered_per_s"] == round(len(schedule) / 2.0, 2)
     assert row["errors"] == 1 and row["not_sent"] == 0 and row["error_examples"] == ["HTTP 500: busy"]
     assert row["rate"] == 4.0 and row["elapsed_s"] == 2.0 and row["lag_p99_ms"] == 0.0  # the level lasts its schedule
+    assert row["max_inflight"] == 256  # the module's default cap
     assert row["n"] == len(schedule) - 1 and row["max"] == 900.0
-    assert [r["phase"] for r in rec.records] == ["open"] * len(schedule)
+    assert [r["phase"] for r in rec.records] == ["open"] * len(schedule) and {r["rate"] for r in rec.records} == {4.0}
+    assert sorted(r["scheduled_s"] for r in rec.records) == [round(s, 6) for s in schedule]
+    assert [c for c in fk.CALLS if c[0] not in ("new", "close")] == [("POST", "/p")] * len(schedule)
+    assert len(fk.BODIES) == len(schedule) and set(fk.BODIES) == {b"{}"}
     assert all(r["scheduled_s"] == pytest.approx(s, abs=1e-6) for r, s in zip(sorted(rec.records, key=lambda r: r["scheduled_s"]),
                                                                            schedule, strict=True))
     assert sorted(r["ms"] for r in row.pop("_recs") if r["status"] == 200)[-1] == 900.0
@@ -141,6 +152,7 @@ def test_an_open_level_counts_a_thread_failure_and_what_the_cap_did_not_send(fak
     fk.SCRIPT, fk.HOLD = [(-9, b"", 1.0)], None
     row = bench_load.rate_level(TARGET, "/p", b"{}", 10.0, 0.5, 1.0, 2, bench_load.Recorder())
     assert row["errors"] == row["scheduled"] and row["error_examples"] == ["load thread failed: RuntimeError: boom"]
+    assert all(r["ms"] == 0.0 and r["ms_from_schedule"] == r["lag_ms"] for r in row["_recs"])  # no latency of its own
 
 
 def test_level_figures_goodput_and_tokens() -> None:
@@ -152,6 +164,9 @@ def test_level_figures_goodput_and_tokens() -> None:
         "requests_per_s": 1.0, "questions_per_s": 1.0, "good": None, "goodput_per_s": None, "input_tokens_per_s": 270.67}
     none = bench_load.level_figures([{"status": 200, "ms": 1.0, "input_tokens": None}], 0.0, 4, 10.0)
     assert none == {"requests_per_s": 0.0, "questions_per_s": 0.0, "good": 1, "goodput_per_s": 0.0, "input_tokens_per_s": None}
+    sub_ms = [{"status": 200, "ms": 0.4, "input_tokens": None}, {"status": 200, "ms": 0.6, "input_tokens": None}]
+    assert bench_load.level_figures(sub_ms, 1.0, 1, 0.5)["good"] == 1  # an objective under 1 ms is an objective
+    assert bench_load.level_figures(sub_ms, 1.0, 1, 0.5)["goodput_per_s"] == 1.0
 
 
 def test_metrics_read_before_during_and_after(fake: tuple[type[Fake], Clock]) -> None:
@@ -163,6 +178,8 @@ def test_metrics_read_before_during_and_after(fake: tuple[type[Fake], Clock]) ->
     assert out["during"]["vllm:num_requests_waiting"] == 7.0 and out["during"]["vllm:kv_cache_usage_perc"] == 0.5
     assert out["after"]["vllm:num_requests_waiting"] is None and clock.slept == [5.0]
     assert [c for c in fk.CALLS if c[0] == "GET"] == [("GET", "/metrics")] * 3
+    # two connections (before/after, halfway), each with the target's URL, the request timeout and its API key
+    assert [c for c in fk.CALLS if c[0] == "new"] == [("new", "http://t", 3.0, "k")] * 2
     assert bench_load.Sampler(TARGET, 3.0, "", 5.0).finish() == {} and bench_load.read_metrics(fk("u", 1, None), "/metrics") == {}  # 404
     assert bench_load.read_metrics(fk("u", 1, None), "") == {}
 
@@ -201,6 +218,9 @@ def test_a_full_cap_makes_requests_late_and_the_lag_counts_from_the_schedule(fak
     unsent = [r for r in rec.records if r.get("not_sent")]
     assert row["not_sent"] == len(unsent) == len(schedule) - 1 and row["sent_per_s"] == 2.0 and row["max_inflight"] == 1
     assert [r["scheduled_s"] for r in unsent] == [round(s, 6) for s in schedule[1:]]
+    assert unsent[0] == {"phase": "open", "rate": 20.0, "scheduled_s": round(schedule[1], 6), "sent": None, "received": None,
+                         "ms": None, "status": None, "input_tokens": None, "not_sent": True,
+                         "error": "not sent: 1 requests were in flight until the schedule ended"}
     assert all(r["sent"] is None and r["status"] is None and r["ms"] is None for r in unsent)
     assert unsent[0]["error"] == "not sent: 1 requests were in flight until the schedule ended"
     assert f"{len(unsent)} not sent" in row["error_examples"]
@@ -245,6 +265,7 @@ def test_driven_or_not() -> None:
     assert bench_load.driven(base, None) == (True, "")
     assert bench_load.driven({**base, "lag": {"p99": None}}, None) == (True, "")  # nothing sent: the rate decides
     assert bench_load.driven({**base, "sent_per_s": 9.5}, None) == (True, "")  # 95 % is enough
+    assert bench_load.driven({**base, "sent_per_s": 9.4}, None) == (False, "the generator sent 9.4/s of 10/s offered")
     limit = {"sent_per_s": 800.0}
     assert bench_load.driven({**base, "sent_per_s": 9.4}, limit) == (
         False, "the generator sent 9.4/s of 10/s offered; the generator's own limit, measured in this run: 800/s")
@@ -311,8 +332,8 @@ def test_window_marks_ramp_in_and_drain() -> None:
             {"sent": 1.0, "received": 1.2, "status": 200, "ms": 200.0, "input_tokens": 4},  # in
             {"sent": 2.5, "received": 3.5, "status": 200, "ms": 1000.0, "input_tokens": 4},  # drain: latency only
             {"sent": 2.0, "received": 2.1, "status": 500, "ms": 1.0, "input_tokens": None},  # an error inside
-            {"sent": None, "received": None, "status": None, "ms": None}]  # never sent
-    out = bench_load.window_figures(recs, 1.0, 3.0, 4, 300.0)
+            {"sent": None, "received": None, "status": None, "ms": None, "not_sent": True}]  # never sent
+    out = bench_load.window_figures(recs, 1.0, 3.0, 4, 300.0)  # no schedule (due): a never-sent record has no window
     assert [r.get("window") for r in recs] == ["ramp", "in", "drain", "in", None]
     assert (out["window_s"], out["requests_per_s"], out["good"], out["input_tokens_per_s"]) == (2.0, 0.5, 1, 2.0)
     assert (out["n"], out["min"], out["max"]) == (2, 200.0, 1000.0)  # the drained answer's latency counts
@@ -326,11 +347,12 @@ def test_window_marks_ramp_in_and_drain() -> None:
 
 
 def test_runs_are_pooled_and_kept() -> None:
-    one = {"q4": {"questions": 4, "samples_ms": [10.0, 12.0], "errors": 0, "n": 2, "p50": 11.0, "mean": 11.0}}
+    one = {"q4": {"questions": 4, "samples_ms": [10.0, 12.0], "errors": 2, "n": 2, "p50": 11.0, "p95": 11.9, "p99": 12.0,
+                  "mean": 11.0}}
     two = {"q4": {"questions": 4, "samples_ms": [20.0], "errors": 1, "n": 1, "p50": 20.0, "mean": 20.0}}
     out = bench_load.pool_runs([one, two])["q4"]
-    assert out["samples_ms"] == [10.0, 12.0, 20.0] and out["errors"] == 1 and out["n"] == 3 and out["p50"] == 12.0
-    assert out["runs"] == [{"run": 1, "n": 2, "p50": 11.0, "p95": None, "p99": None, "mean": 11.0, "errors": 0},
+    assert out["samples_ms"] == [10.0, 12.0, 20.0] and out["errors"] == 3 and out["n"] == 3 and out["p50"] == 12.0
+    assert out["runs"] == [{"run": 1, "n": 2, "p50": 11.0, "p95": 11.9, "p99": 12.0, "mean": 11.0, "errors": 2},
                            {"run": 2, "n": 1, "p50": 20.0, "p95": None, "p99": None, "mean": 20.0, "errors": 1}]
     # 2 and 1 samples a run: too few for any percentile's run-level interval (p50 needs 6 a run)
     assert out["run_level"] == {"k": 2, "p50": None, "p95": None, "p99": None, "interval": {"p50": None, "p95": None, "p99": None}}
@@ -349,6 +371,8 @@ def test_run_level_interval_over_the_runs() -> None:
                    "interval": {"p50": [round(105 - half, 1), round(105 + half, 1)],
                                 "p95": [round(155 - half, 1), round(155 + half, 1)], "p99": None}}
     assert bench_load.run_level(runs[:1]) is None
+    odd = bench_load.run_level([{**runs[0], "p50": 100.0}, {**runs[1], "p50": 110.0}, {**runs[2], "p50": 105.4}])
+    assert odd["p50"] == 105.1 and odd["interval"]["p50"][0] == round(odd["interval"]["p50"][0], 1)  # 0.1 ms
     assert bench_load.run_level([{**runs[0], "p50": None}, runs[1]])["interval"]["p50"] is None
     from ansible_collections.d3fleet.fleet.plugins.filter import d3_bench
 
@@ -403,3 +427,156 @@ def test_open_levels_report_the_censored_schedule_figures_and_the_verdict(fake: 
     assert row["driven"] is False and row["not_driven"].startswith("the generator sent 2/s of ")
     assert row["not_driven"].endswith("; the generator's own limit, measured in this run: 700/s")
     assert row["generator_limit"] is limit and row["good"] == 0 and row["goodput_per_s"] == 0.0
+
+
+# --------------------------------------------------------------------------------------------- figures, exactly
+def test_an_open_level_s_figures_are_rounded_as_recorded(fake: tuple[type[Fake], Clock], monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 requests due in 1.2375 s (seed 0), the dispatcher waking 12.3456 ms after each due time: elapsed to the ms,
+    the rates to 0.01/s, the lag's figures to 0.01 ms."""
+    _, clock = fake
+    real_sleep = clock.sleep
+    monkeypatch.setattr(clock, "sleep", lambda s: real_sleep(s + 0.0123456))
+    row = bench_load.rate_level(TARGET, "/p", b"{}", 4.0, 1.2375, 60.0, 0, bench_load.Recorder())
+    assert (row["scheduled"], row["elapsed_s"], row["offered_per_s"], row["sent_per_s"]) == (3, 1.238, 2.42, 2.42)
+    assert (row["lag"]["n"], row["lag"]["p50"], row["lag"]["max"], row["lag_p99_ms"]) == (3, 12.35, 12.35, 12.35)
+
+
+def test_an_open_level_with_nothing_scheduled(fake: tuple[type[Fake], Clock]) -> None:
+    fk, _ = fake
+    row = bench_load.rate_level(TARGET, "/p", b"{}", 0.1, 0.5, 60.0, 0, bench_load.Recorder())  # first gap ~10 s
+    assert (row["scheduled"], row["requests"], row["errors"], row["sent_per_s"], row["offered_per_s"], row["n"]) == (0, 0, 0, 0.0, 0.0, 0)
+    assert row["error_examples"] == [] and row["_recs"] == [] and fk.BODIES == []
+
+
+def test_an_open_level_keeps_three_error_examples(fake: tuple[type[Fake], Clock]) -> None:
+    fk, _ = fake
+    fk.SCRIPT = [(500, b"a", 1.0), (501, b"b", 1.0), (502, b"c", 1.0), (503, b"d", 1.0)]
+    row = bench_load.rate_level(TARGET, "/p", b"{}", 4.0, 2.0, 60.0, 0, bench_load.Recorder())
+    assert row["errors"] == row["scheduled"] >= 4
+    assert row["error_examples"] == ["HTTP 500: a", "HTTP 501: b", "HTTP 502: c"]
+
+
+def test_a_target_measures_the_generator_limit_before_its_rates(fake: tuple[type[Fake], Clock],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe: at 10 times the highest rate but at least 500/s, for the level's duration but at most 1 s, with
+    the run's in-flight cap; its figure is in the result and in every rate's row; the accuracy pass is recorded."""
+    fk, _ = fake
+    probes: list[tuple[Any, ...]] = []
+    limit = {"probe_rate": 0.0, "sent_per_s": 900.0, "lag_p50_ms": 0.1, "at_least": True}
+    monkeypatch.setattr(bench_load, "generator_limit", lambda *a: probes.append(a) or limit)
+    p = {"api_key": None, "timeout": 7.0, "path": "/p", "cases": [{"id": "c1", "body": {"state": "s"}}], "warmup": 0,
+         "samples": 1, "load_request": "q4", "latency_requests": [{"label": "q4", "body": {"questions": {"a": 1}}}],
+         "concurrency": [], "duration_s": 0.5, "max_requests": 0, "request_rates": [6.0, 80.0], "load_targets": [],
+         "seed": 3, "slo_ms": 0.0, "metrics_path": "", "repeats": 1, "max_inflight": 7}
+    fk.SCRIPT = [(200, b"", 1.0), (200, b'{"version": "v"}', 1.0), (200, ANSWER, 10.0)]
+    out = bench_load.bench_target(p, {"name": "t", "url": "u", "model": "m"})
+    assert probes == [(800.0, 0.5, 7)] and out["generator_limit"] is limit
+    assert [r["generator_limit"] for r in out["rate"]] == [limit, limit]
+    assert [r["phase"] for r in out["records"]][:2] == ["accuracy", "latency"]
+    assert set(fk.BODIES) == {b'{"model": "m", "state": "s"}', b'{"model": "m", "questions": {"a": 1}}'}
+    fk.SCRIPT, fk.BODIES = [(200, b"", 1.0), (200, b'{"version": "v"}', 1.0), (200, ANSWER, 10.0)], []
+    bench_load.bench_target({**p, "request_rates": [6.0], "duration_s": 2.0}, {"name": "t", "url": "u", "model": "m"})
+    assert probes[1] == (500.0, 1.0, 7)
+
+
+def test_the_window_is_closed_at_both_ends() -> None:
+    """[start, end]: a request due exactly at the start is in it (sent or not: one never sent, censored), an answer
+    received exactly at the end is in it; one never sent due exactly at the end waited 0 ms by then. The window's
+    length to the ms."""
+    recs = [{"sent": 11.2, "received": 12.0, "status": 200, "ms": 800.0, "ms_from_schedule": 1000.0, "scheduled_s": 1.0,
+             "input_tokens": None},
+            {"sent": 12.0, "received": 13.12345, "status": 200, "ms": 1123.45, "ms_from_schedule": 1123.45, "scheduled_s": 2.0,
+             "input_tokens": None},
+            {"sent": None, "received": None, "status": None, "ms": None, "scheduled_s": 1.0, "not_sent": True},
+            {"sent": None, "received": None, "status": None, "ms": None, "scheduled_s": 3.12345, "not_sent": True}]
+    out = bench_load.window_figures(recs, 11.0, 13.12345, 1, 0.0, "ms_from_schedule", due=10.0)
+    assert [r["window"] for r in recs] == ["in", "in", "in", "in"]
+    assert (out["n"], out["censored"], out["min"], out["window_s"]) == (4, 2, 0.0, 2.123)
+    assert out["requests_per_s"] == round(2 / 2.12345, 2)
+
+
+def test_a_metrics_page_with_a_byte_that_is_not_utf8_is_still_read(fake: tuple[type[Fake], Clock]) -> None:
+    class Page:
+        def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, float]:
+            return 200, b"# \xff\xfe a comment\nvllm:num_requests_waiting 2\n", 1.0
+
+    assert bench_load.read_metrics(Page(), "/metrics")["vllm:num_requests_waiting"] == 2.0  # type: ignore[arg-type]
+
+
+class Still:
+    """A clock that stands still (perf_counter 0, the wall clock 1.7e9); sleep only records: the sampler's thread
+    cannot move a level's start."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def perf_counter(self) -> float:
+        return 0.0
+
+    def time(self) -> float:
+        return 1.7e9
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(round(s, 6))
+
+
+def test_closed_levels_whole_row_over_two_runs(fake: tuple[type[Fake], Clock], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs of one level of 1.23456 s (ramp 0.246912 s): per run an answer in the ramp, two inside, an error
+    inside and one drained (sent inside, answered after the end). Rates over the windows' 2 x 0.987648 s of the
+    answers inside them; latency over every successful request sent inside (the drained one too), never an error's;
+    each record marked with its run; /metrics read before, halfway (0.61728 s) and after each run, the last run's
+    kept; the error examples of both runs, three of them."""
+    fk, _ = fake
+    clock = Still()
+    monkeypatch.setattr(bench_load, "time", clock)
+    fk.PAGES = [f"vllm:num_requests_waiting {n}" for n in range(6)]
+    plan = [(0.1, 40.0, 200), (0.3, 50.0, 200), (0.5, 80.0, 200), (0.6, 5.0, 500), (1.0, 400.0, 200)]
+
+    def level(target: dict, path: str, payload: bytes, c: int, duration_s: float, max_requests: int, timeout: float,
+              rec: bench_load.Recorder) -> dict:
+        run = sum(1 for r in rec.records if r["phase"] == "closed") // len(plan)
+        for sent, ms, status in plan:
+            rec.add("closed", status, ANSWER if status == 200 else b"e", ms, 1.7e9 + sent, concurrency=c)
+        return {"requests": 5, "errors": 1, "error_examples": [f"HTTP 50{run}: e", f"HTTP 51{run}: e"], "elapsed_s": 1.23755,
+                "_ok": 4}
+
+    monkeypatch.setattr(bench_load, "load_level", level)
+    p = {"repeats": 2, "concurrency": [3], "warmup": 0, "timeout": 7.0, "path": "/p", "metrics_path": "/metrics",
+         "duration_s": 1.23456, "max_requests": 0, "slo_ms": 60.0}
+    rec = bench_load.Recorder()
+    (row,) = bench_load.closed_levels(p, TARGET, b"{}", 4, rec)
+    assert [r["run"] for r in rec.records] == [1] * 5 + [2] * 5
+    assert [r["window"] for r in rec.records[:5]] == ["ramp", "in", "in", "in", "drain"]
+    assert (row["concurrency"], row["requests"], row["errors"], row["elapsed_s"]) == (3, 10, 2, 2.475)
+    assert row["error_examples"] == ["HTTP 500: e", "HTTP 501: e", "HTTP 510: e"]
+    assert row["window"] == {"ramp_s": 0.247, "length_s": 0.988}
+    assert (row["requests_per_s"], row["questions_per_s"], row["good"], row["goodput_per_s"]) == (2.03, 8.1, 2, 1.01)
+    assert (row["n"], row["min"], row["max"], row["p50"]) == (6, 50.0, 400.0, 80.0)
+    assert [(r["run"], r["n"], r["requests_per_s"]) for r in row["runs"]] == [(1, 3, 2.03), (2, 3, 2.03)]
+    assert {k: v["vllm:num_requests_waiting"] for k, v in row["metrics"].items()} == {"before": 3.0, "during": 4.0, "after": 5.0}
+    assert clock.slept == [0.61728, 0.61728]  # the halfway reads, each half a level after its start
+    assert [c for c in fk.CALLS if c[0] == "new"] == [("new", "http://t", 7.0, "k")] * 6  # per run: warm-up, sampler's two
+
+
+def test_open_levels_read_metrics_halfway_and_run_each_rate_with_the_run_s_settings(fake: tuple[type[Fake], Clock],
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    fk, _ = fake
+    clock = Still()
+    monkeypatch.setattr(bench_load, "time", clock)
+    fk.PAGES = ["vllm:num_requests_waiting 1", "vllm:num_requests_waiting 2", "vllm:num_requests_waiting 3"]
+    levels: list[tuple[Any, ...]] = []
+
+    def level(*args: Any) -> dict:
+        levels.append(args)
+        return {"rate": args[3], "sent_per_s": 5.0, "offered_per_s": 5.0, "lag": {"p99": 0.1}, "_recs": []}
+
+    monkeypatch.setattr(bench_load, "rate_level", level)
+    p = {"timeout": 7.0, "path": "/p", "warmup": 1, "duration_s": 3.0, "request_rates": [5.0], "seed": 9,
+         "max_inflight": 4, "slo_ms": 0.0, "metrics_path": "/metrics"}
+    rec = bench_load.Recorder()
+    (row,) = bench_load.open_levels(p, TARGET, b'{"q": 1}', 4, rec, None)
+    assert levels == [(TARGET, "/p", b'{"q": 1}', 5.0, 3.0, 7.0, 9, rec, 4)]
+    assert fk.BODIES == [b'{"q": 1}']  # the warm-up sends the level's request
+    assert {k: v["vllm:num_requests_waiting"] for k, v in row["metrics"].items()} == {"before": 1.0, "during": 2.0, "after": 3.0}
+    assert clock.slept == [1.5] and row["driven"] is True and row["not_driven"] == ""
+    assert [c for c in fk.CALLS if c[0] == "new"] == [("new", "http://t", 7.0, "k")] * 3  # warm-up, sampler's two

@@ -571,12 +571,14 @@ def test_open_levels_read_metrics_halfway_and_run_each_rate_with_the_run_s_setti
         return {"rate": args[3], "sent_per_s": 5.0, "offered_per_s": 5.0, "lag": {"p99": 0.1}, "_recs": []}
 
     monkeypatch.setattr(bench_load, "rate_level", level)
-    p = {"timeout": 7.0, "path": "/p", "warmup": 1, "duration_s": 3.0, "request_rates": [5.0], "seed": 9,
+    p = {"timeout": 7.0, "path": "/p", "warmup": 1, "duration_s": 3.12345, "request_rates": [5.0], "seed": 9,
          "max_inflight": 4, "slo_ms": 0.0, "metrics_path": "/metrics"}
     rec = bench_load.Recorder()
     (row,) = bench_load.open_levels(p, TARGET, b'{"q": 1}', 4, rec, None)
-    assert levels == [(TARGET, "/p", b'{"q": 1}', 5.0, 3.0, 7.0, 9, rec, 4)]
+    assert levels == [(TARGET, "/p", b'{"q": 1}', 5.0, 3.12345, 7.0, 9, rec, 4)]
     assert fk.BODIES == [b'{"q": 1}']  # the warm-up sends the level's request
     assert {k: v["vllm:num_requests_waiting"] for k, v in row["metrics"].items()} == {"before": 1.0, "during": 2.0, "after": 3.0}
-    assert clock.slept == [1.5] and row["driven"] is True and row["not_driven"] == ""
+    assert clock.slept == [1.561725] and row["driven"] is True and row["not_driven"] == ""
+    # the window's figures from the schedule (none here), its length to the ms
+    assert row["from_schedule"]["n"] == 0 and row["window"] == {"ramp_s": 0.312345, "length_s": 2.811}
     assert [c for c in fk.CALLS if c[0] == "new"] == [("new", "http://t", 7.0, "k")] * 3  # warm-up, sampler's two

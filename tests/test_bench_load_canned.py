@@ -147,7 +147,7 @@ def test_a_slot_freed_is_used_at_once_and_a_full_cap_holds_the_next(held: Any, m
     assert (row["scheduled"], row["requests"], row["not_sent"], row["errors"]) == (4, 4, 1, 1)
     lags = {r["scheduled_s"]: r["lag_ms"] for r in rec.records if not r.get("not_sent")}
     assert set(lags) == {0.0, 0.05, 0.4}
-    assert 200.0 <= lags[0.05] <= 500.0 and lags[0.4] < 100.0
+    assert 200.0 <= lags[0.05] <= 500.0 and lags[0.4] < 250.0  # the third on time (its slot free)
     assert [r["scheduled_s"] for r in rec.records if r.get("not_sent")] == [0.45]
 
 

@@ -119,6 +119,9 @@ _sys.meta_path.insert(0, _FlatModules())
 '''
 
 
+FRONT_DOOR = ["README.md", "Makefile", "site.yml", "playbooks", "inventories", "examples"]
+
+
 def stage(tests: list[str]) -> None:
     if STAGE.exists():
         shutil.rmtree(STAGE)
@@ -140,7 +143,10 @@ def stage(tests: list[str]) -> None:
         conftest.write(ALIAS_HOOK)
     shutil.copytree(ROOT / "roles", STAGE / "roles")
     shutil.copytree(ROOT / "docs", STAGE / "docs")  # test_metrics checks the runbook has each alert's entry
-    shutil.copy2(ROOT / "README.md", STAGE / "README.md")  # tests/doccommands.py reads its commands (the front door)
+    # tests/doccommands.py (test_readme_commands, selected with the planner) reads the front door's commands and
+    # checks what they name against the tree: README.md, the example inventory and scripts, the playbooks, Makefile
+    for name in FRONT_DOOR:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, STAGE / name)
     # the lab's vLLM simulator: test_bench_simulator runs the bench against it; the lab HF mirror's config.json
     # builder: test_capacity_second_opinion compares the planner with the simulator on it
     shutil.copytree(ROOT / "lab/simulator", STAGE / "lab/simulator", ignore=shutil.ignore_patterns("__pycache__"))
@@ -149,7 +155,7 @@ def stage(tests: list[str]) -> None:
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
-        'also_copy = ["roles", "lib", "collections", "lab", "docs", "README.md"]\n'
+        f'also_copy = {json.dumps(["roles", "lib", "collections", "lab", "docs", *FRONT_DOOR])}\n'
         f"pytest_add_cli_args = [{args}]\n"
         f"pytest_add_cli_args_test_selection = [{', '.join(json.dumps(t) for t in tests)}]\n"
         "use_git_change_detection = false\n"

@@ -147,6 +147,8 @@ def stage(tests: list[str]) -> None:
     # checks what they name against the tree: README.md, the example inventory and scripts, the playbooks, Makefile
     for name in FRONT_DOOR:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, STAGE / name)
+    # tests/test_bench_review2.py loads tools/bench_compare.py by its path (testkit.load_file)
+    shutil.copytree(ROOT / "tools", STAGE / "tools", ignore=shutil.ignore_patterns("__pycache__"))
     # the lab's vLLM simulator: test_bench_simulator runs the bench against it; the lab HF mirror's config.json
     # builder: test_capacity_second_opinion compares the planner with the simulator on it
     shutil.copytree(ROOT / "lab/simulator", STAGE / "lab/simulator", ignore=shutil.ignore_patterns("__pycache__"))
@@ -155,7 +157,7 @@ def stage(tests: list[str]) -> None:
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
-        f'also_copy = {json.dumps(["roles", "lib", "collections", "lab", "docs", *FRONT_DOOR])}\n'
+        f'also_copy = {json.dumps(["roles", "lib", "collections", "lab", "docs", "tools", *FRONT_DOOR])}\n'
         f"pytest_add_cli_args = [{args}]\n"
         f"pytest_add_cli_args_test_selection = [{', '.join(json.dumps(t) for t in tests)}]\n"
         "use_git_change_detection = false\n"

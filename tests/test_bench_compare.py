@@ -219,7 +219,7 @@ def test_compare_table_and_plot(tmp_path: Path) -> None:
     assert lines[0] == "bench-compare [SIMULATED]: monday -> tuesday"
     assert "    right->wrong: c0/q0, c0/q1, c1/q0, c1/q1, c2/q0, c2/q1, c3/q0" in lines
     assert "    wrong->right: -" in lines
-    assert any(ln.startswith("  accuracy      10/10 -> 3/10 answered both times: right->wrong 7, wrong->right 0")
+    assert any(ln.startswith("  accuracy      10/10 -> 3/10 replied to both times: right->wrong 7, wrong->right 0")
                and ln.endswith("CHANGED")
                for ln in lines)
     (tmp_path / "old.json").write_text(json.dumps(old))

@@ -245,10 +245,10 @@ def test_score_cases_rows_and_rounding() -> None:
         "ece": {"confidence": {"value": 0.5667, "n": 2, "binning": "5 equal-width bins on [0, 1]"}, "api_confidence": None},
         "unanswered": 1, "failed_requests": 0,
     }
-    assert rows[0] == {"case": "a", "question": "team", "type": "choice", "expected": "billing", "tags": ["trick"],
+    assert rows[0] == {"case": "a", "question": "team", "type": "choice", "expected": "billing", "tags": ["trick"], "failed": False,
                        "given": "billing", "correct": True, "confidence": 2 / 3, "api_confidence": None,
                        "proper": pytest.approx(1 / 9)}
-    assert rows[3] == {"case": "7", "question": "refund", "type": "noul", "expected": False, "tags": [],
+    assert rows[3] == {"case": "7", "question": "refund", "type": "noul", "expected": False, "tags": [], "failed": False,
                        "given": None, "correct": False, "confidence": None, "api_confidence": None, "proper": None}
     # case a alone: 2 of 3 right, the accuracy rounded to 4 places too
     three = b.score_cases(recorded[:1], suite(cases=s["cases"][:1]))

@@ -58,23 +58,23 @@ def score(cases: list[dict[str, Any]]) -> dict[str, Any]:
 def test_a_failed_accuracy_request_is_not_a_flip() -> None:
     """Review item 2 (t11.py): the same answers, 3 of 10 cases timed out in the new run (status -1): before, 9
     right -> wrong flips, McNemar p 0.0039, CHANGED. Now those 9 questions are left out of the pairs and counted as
-    unanswered per side; nothing flips, nothing is tested, nothing CHANGED."""
+    failed requests per side; nothing flips, nothing is tested, nothing CHANGED."""
     ok = {"a": {"noul": 0.9}, "b": {"noul": 0.8}, "c": {"noul": 0.1}}
     old = [{"id": f"k{i}", "status": 200, "answers": ok} for i in range(10)]
     new = [{"id": f"k{i}", "status": -1 if i < 3 else 200, "answers": None if i < 3 else ok} for i in range(10)]
     out = bc.compare({"instances": [score(old)]}, {"instances": [score(new)]})
     a = out["rows"][0]["accuracy"]
     assert a["right_to_wrong"] == [] and a["wrong_to_right"] == [] and a["changed"] is False
-    assert a["pairs"] == 21 and a["unanswered"] == [0, 9] and (a["old"], a["new"]) == (21, 21)
+    assert a["pairs"] == 21 and a["failed"] == [0, 9] and (a["old"], a["new"]) == (21, 21)
     assert out["tests"] == 0 and not any(fam["changed"] for fam in out["family"])
     lines = bc.table(out, {}, {})
-    assert any(ln.startswith("  accuracy      21/21 -> 21/21 answered both times (0 old, 9 new unanswered, e.g. timed "
-                             "out: left out, not flips): right->wrong 0, wrong->right 0") for ln in lines)
+    assert any(ln.startswith("  accuracy      21/21 -> 21/21 replied to both times (0 old, 9 new failed requests, e.g. "
+                             "timed out: left out, not flips): right->wrong 0, wrong->right 0") for ln in lines)
     # a real flip beside the timeouts is still seen, the timeouts still not counted as flips
     worse = {**ok, "a": {"noul": 0.1}}
     new[5] = {"id": "k5", "status": 200, "answers": worse}
     a = bc.compare({"instances": [score(old)]}, {"instances": [score(new)]})["rows"][0]["accuracy"]
-    assert a["right_to_wrong"] == ["k5/a"] and a["unanswered"] == [0, 9] and a["pairs"] == 21
+    assert a["right_to_wrong"] == ["k5/a"] and a["failed"] == [0, 9] and a["pairs"] == 21
 
 
 def test_zero_spread_on_both_sides_is_untestable_not_changed() -> None:

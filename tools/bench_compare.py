@@ -20,7 +20,8 @@ Per instance both reports benched (host/name), every figure that can be tested i
   (a lower bound on the power: d3_bench_stats.detectable_ratio). With one run a side there is no spread
   to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2);
   with every run identical on both sides it is "untestable" and not tested either.
-Questions unanswered on either side (failed requests) are left out of the accuracy pairs and counted per side.
+Questions whose request failed on either side (no HTTP 200: network failure, timeout, error status) are left out
+of the accuracy pairs and counted per side; a 200 reply without a usable answer is wrong and paired (it can flip).
 Tests that cannot reject (no flips, every paired difference 0) are shown but left out of the family.
 Every p-value of the comparison, over all instances, is one family: Holm's step-down (default; family-wise error
 rate alpha) or Benjamini-Hochberg (--method bh; false discovery rate alpha) adjusts them, and a figure is CHANGED
@@ -53,29 +54,38 @@ def _pairs(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[tuple[str, st
     return rows(old), rows(new)
 
 
-def _answered(row: dict[str, Any]) -> bool:
-    """Whether a per-question row carries an answer: d3_bench.judge gives `given` None to a failed request (a timeout,
-    an error) and to a reply without the question's answer; a row from before `given` was recorded counts as answered."""
+def _sent(row: dict[str, Any]) -> bool:
+    """Whether a per-question row's request got a reply (HTTP 200) to judge: d3_bench.score_cases marks `failed` the
+    rows whose request did not (network failure, timeout, error status). A 200 reply without a usable answer (null,
+    a string, missing: d3_bench.judge's `given` None) is the model's answer, wrong, so it is paired and can flip.
+    A report from before `failed` was recorded: `given` None stands for failed (the two cannot be told apart there);
+    a row from before `given` was recorded counts as sent."""
+    if "failed" in row:
+        return not row["failed"]
     return "given" not in row or row["given"] is not None
 
 
 def paired_accuracy(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
     """The flips between two runs of the same suite, per (case, question) answered in both: right -> wrong and wrong
     -> right listed as "case/question", with the exact McNemar p; None when a report carries no per-question rows.
-    A question unanswered on either side (a failed request: d3_bench scores it wrong) is left out of the pairs and
-    counted in `unanswered` [old, new], never as a flip: before the statistician's second review, identical answers
-    with 3 of 10 cases timed out gave 9 right -> wrong flips, McNemar p 0.0039, CHANGED. No flip at all: the test
+    A question whose request failed on either side (no HTTP 200: d3_bench scores it wrong) is left out of the pairs
+    and counted in `failed` [old, new], never as a flip: before the statistician's second review, identical answers
+    with 3 of 10 cases timed out gave 9 right -> wrong flips, McNemar p 0.0039, CHANGED. A 200 reply without a
+    usable answer is paired, wrong (`no_answer` [old, new] counts them among the pairs): after the second review's
+    fix they were left out too, so a build that stops answering was never flagged (third review item 1: 12 right ->
+    no answer gave 0 flips; now 12 flips, p 0.0005, CHANGED). No flip at all: the test
     cannot reject (p 1 whatever happens elsewhere), so it is `untestable` and left out of the family (compare)."""
     before, after = _pairs(old, new)
     asked = [k for k in after if k in before]
     if not asked:
         return None
-    both = [k for k in asked if _answered(before[k]) and _answered(after[k])]
+    both = [k for k in asked if _sent(before[k]) and _sent(after[k])]
     worse = [f"{c}/{q}" for c, q in both if before[(c, q)]["correct"] and not after[(c, q)]["correct"]]
     better = [f"{c}/{q}" for c, q in both if not before[(c, q)]["correct"] and after[(c, q)]["correct"]]
     out = {"test": "exact McNemar", "pairs": len(both), "old": sum(bool(before[k]["correct"]) for k in both),
            "new": sum(bool(after[k]["correct"]) for k in both), "right_to_wrong": worse, "wrong_to_right": better,
-           "unanswered": [sum(not _answered(before[k]) for k in asked), sum(not _answered(after[k]) for k in asked)],
+           "failed": [sum(not _sent(before[k]) for k in asked), sum(not _sent(after[k]) for k in asked)],
+           "no_answer": [sum(side[k].get("given", "") is None for k in both) for side in (before, after)],
            "p": st.mcnemar_exact(len(worse), len(better))}
     if not worse and not better:
         out["untestable"] = "no flips: the test cannot reject"
@@ -248,10 +258,12 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
         if a is None:
             lines.append("  accuracy      - (no per-question rows: not tested)")
         else:
-            miss = a.get("unanswered") or [0, 0]
-            gone = (f" ({miss[0]} old, {miss[1]} new unanswered, e.g. timed out: left out, not flips)"
+            miss, mute = a.get("failed") or [0, 0], a.get("no_answer") or [0, 0]
+            gone = (f" ({miss[0]} old, {miss[1]} new failed requests, e.g. timed out: left out, not flips)"
                     if any(miss) else "")
-            lines += [f"  accuracy      {a['old']}/{a['pairs']} -> {a['new']}/{a['pairs']} answered both times{gone}: "
+            gone += (f" ({mute[0]} old, {mute[1]} new replied without a usable answer: wrong, paired)"
+                     if any(mute) else "")
+            lines += [f"  accuracy      {a['old']}/{a['pairs']} -> {a['new']}/{a['pairs']} replied to both times{gone}: "
                       f"right->wrong {len(a['right_to_wrong'])}, wrong->right {len(a['wrong_to_right'])}; exact McNemar "
                       f"{_p(a)}{_flag(a)}",
                       f"    right->wrong: {', '.join(a['right_to_wrong']) or '-'}",

@@ -252,8 +252,11 @@ def score_cases(cases: list[dict[str, Any]], suite: dict[str, Any]) -> dict[str,
         answers = got.get("answers") if got.get("status") == 200 and isinstance(got.get("answers"), dict) else {}
         for qid, q in _case_questions(suite, case).items():
             verdict = judge(q, case["expect"][qid], answers.get(qid))
+            # failed: the request got no HTTP 200 (network failure, timeout, error status): no reply to judge. A 200
+            # reply without a usable answer is the model's answer, scored wrong, and not `failed` (bench-compare
+            # pairs it: third review item 1)
             rows.append({"case": cid, "question": qid, "type": q["type"], "expected": case["expect"][qid],
-                         "tags": list(case.get("tags") or []), **verdict})
+                         "tags": list(case.get("tags") or []), "failed": got.get("status") != 200, **verdict})
     answered = [r for r in rows if r["given"] is not None]
     tags = sorted({t for r in rows for t in r["tags"]})
     calibration = {}

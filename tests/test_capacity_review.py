@@ -179,24 +179,45 @@ def edges(count: int, util: str) -> list[dict[str, Any]]:
             for i in range(count)]  # fmt: skip
 
 
-@pytest.mark.parametrize(("count", "util", "total"), [(6, "0.15", 23376), (4, "0.23", 22800)])
+def mib_text(nbytes: int) -> str:
+    return str(nbytes // 2**20) if nbytes % 2**20 == 0 else f"{nbytes / 2**20:.2f}"
+
+
+@pytest.mark.parametrize(("count", "util", "total"), [(6, "0.15", "23376"), (4, "0.23", "22803.20")])
 def test_shares_within_the_cap_that_do_not_fit_beside_the_contexts(catalog_vars: dict[str, Any], count: int, util: str, total: int) -> None:
     """Six d3-edge at 0.15 (0.90 in shares) or four at 0.23 (0.92) pass d3_gpu_share_cap 0.92, but the shares and one
     CUDA context per process pass the 22,560 MiB torch sees: the planner refuses the last, in its own words and with
     its arithmetic. Not vLLM's startup refusal: memory_profiling empties the cache after the profile run, so the
     started ones hold less than their shares and vLLM may start it; under load they grow towards their shares."""
     (error,) = plan(catalog_vars, 1, *edges(count, util))["errors"]
-    share = int(L4 * 2**20 * float(util)) // 2**20
-    others = (count - 1) * share
+    share_b = int(L4 * 2**20 * float(util))  # request_memory's bytes; the message prints MiB to two decimals
+    share, others = mib_text(share_b), mib_text((count - 1) * share_b)
     assert (f"d3_models[{count - 1}] (e{count - 1}): its share does not fit on GPU 0 beside e0 {share} MiB ({util}), " in error
             and f": {others} MiB of their shares + its {share} MiB + {count * 512} MiB of CUDA contexts ({count} x 512) = "
-            f"{total} MiB, more than the 22560 MiB torch sees (this is the planner's refusal, not vLLM's startup check: a "
+            f"{total} MiB" in error
+            and ", more than the 22560 MiB torch sees (this is the planner's refusal, not vLLM's startup check: a "
             "started instance frees its profile run's activations and holds less than its share, so vLLM may start this "
             "one, but under load each instance grows towards its share and the GPU runs out of memory)" in error)  # fmt: skip
     assert "Free memory on device" not in error  # not vLLM's words: vLLM would not print them here
-    assert others + share + count * 512 == total > L4
+    assert float(total) > L4
     # one fewer fits: 22,560 - 512 - (count - 2) x (share + 512) covers the share
     assert plan(catalog_vars, 1, *edges(count - 1, util))["errors"] == []
+
+
+def test_the_share_refusal_prints_the_arithmetic_it_checks(catalog_vars: dict[str, Any]) -> None:
+    """The check compares bytes (request_memory: int(total x util)); the message once summed whole-MiB shares, so
+    three d3-edge at 0.2273 and one at 0.22733 were refused with "= 22557 MiB, more than the 22560 MiB" (third
+    review). The message now prints the same byte sum, in MiB to two decimals and in bytes."""
+    items = [{"model": "d3-edge", "name": f"e{i}", "gpus": [0], "extra_args": [f"--gpu-memory-utilization={u}"]}
+             for i, u in enumerate(("0.2273", "0.2273", "0.2273", "0.22733"))]  # fmt: skip
+    (error,) = plan(catalog_vars, 1, *items)["errors"]
+    mine, theirs, total = int(L4 * 2**20 * 0.22733), 3 * int(L4 * 2**20 * 0.2273), L4 * 2**20
+    assert mine + theirs + 4 * 512 * 2**20 > total  # what the check found
+    assert ("beside e0 5127.89 MiB (0.2273), e1 5127.89 MiB (0.2273), e2 5127.89 MiB (0.2273): 15383.66 MiB of their "
+            "shares + its 5128.56 MiB + 2048 MiB of CUDA contexts (4 x 512) = 22560.23 MiB (in bytes: "
+            f"{theirs} + {mine} + {4 * 512 * 2**20} = {mine + theirs + 4 * 512 * 2**20} > {total}), more than the 22560 "
+            "MiB torch sees" in error)  # fmt: skip
+    assert "22557" not in error
 
 
 def test_automatic_placement_uses_vllms_free_memory_too(catalog_vars: dict[str, Any]) -> None:

@@ -225,6 +225,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _mib_text(nbytes: int) -> str:
+    """Bytes in MiB as the refusals print them: whole MiB bare, else to two decimals (a share is
+    int(total x --gpu-memory-utilization) bytes, request_memory's own rounding, seldom a whole MiB)."""
+    return str(nbytes // MIB) if nbytes % MIB == 0 else f"{nbytes / MIB:.2f}"
+
+
 def _gib(value: int) -> str:
     """vLLM's format_gib (vllm/utils/mem_utils.py) and gpu_worker.py's GiB(): `round(b / GiB_bytes, 2)`, a float
     printed as Python prints it: 3.3, not 3.30."""
@@ -1021,7 +1027,8 @@ class _Planner:
 
     def _users(self, idx: int) -> str:
         """Who holds how much of a GPU: each instance's share in MiB (and its --gpu-memory-utilization)."""
-        return ", ".join(f"{o['name']} {self._mib(idx, o['util'])} MiB ({_fmt(o['util'])})" for o in self.use[idx]) or "nothing"
+        return ", ".join(f"{o['name']} {_mib_text(self.requested(idx, o['util']))} MiB ({_fmt(o['util'])})"
+                         for o in self.use[idx]) or "nothing"  # fmt: skip
 
     def _share_refusal(self, idx: int, inst: dict[str, Any]) -> str:
         """Why the instance's share does not fit on GPU idx (free_at_start): alone, vLLM's own startup refusal
@@ -1036,13 +1043,17 @@ class _Planner:
                 f"{_gib(want)} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.' (its "
                 f"CUDA context of {CUDA_CONTEXT_MIB} MiB sits outside the share: {total // MIB} MiB as torch sees the GPU)"
             )
-        # in whole MiB per share, as the budget lines print them
-        shares, mine = sum(self._mib(idx, o["util"]) for o in others), self._mib(idx, inst["util"])
-        contexts = CUDA_CONTEXT_MIB * (len(others) + 1)
+        # the check's own arithmetic (fits: free_at_start < requested, in bytes), printed in MiB; in bytes as well
+        # when a share is not a whole MiB (whole-MiB shares would round the sum below the total it passes)
+        shares, mine = sum(self.requested(idx, o["util"]) for o in others), want
+        contexts = CUDA_CONTEXT_MIB * MIB * (len(others) + 1)
+        whole = shares % MIB == 0 and mine % MIB == 0
+        exact = "" if whole else f" (in bytes: {shares} + {mine} + {contexts} = {shares + mine + contexts} > {total})"
         return (
-            f"its share does not fit on GPU {idx} beside {self._users(idx)}: {shares} MiB of their shares + its "
-            f"{mine} MiB + {contexts} MiB of CUDA contexts ({len(others) + 1} x {CUDA_CONTEXT_MIB}) = "
-            f"{shares + mine + contexts} MiB, more than the {total // MIB} MiB torch sees (this is the planner's "
+            f"its share does not fit on GPU {idx} beside {self._users(idx)}: {_mib_text(shares)} MiB of their shares "
+            f"+ its {_mib_text(mine)} MiB + {contexts // MIB} MiB of CUDA contexts ({len(others) + 1} x "
+            f"{CUDA_CONTEXT_MIB}) = {_mib_text(shares + mine + contexts)} MiB{exact}, more than the {total // MIB} MiB "
+            "torch sees (this is the planner's "
             "refusal, not vLLM's startup check: a started instance frees its profile run's activations and holds less "
             "than its share, so vLLM may start this one, but under load each instance grows towards its share and "
             "the GPU runs out of memory)"

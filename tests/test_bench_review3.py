@@ -6,6 +6,7 @@ closed-loop record counts in its own level only."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,3 +53,61 @@ def test_a_build_that_stops_answering_is_flagged() -> None:
             del row["failed"]
     a = bc.compare({"instances": [legacy[0]]}, {"instances": [legacy[1]]})["rows"][0]["accuracy"]
     assert a["pairs"] == 18 and a["failed"] == [0, 12] and a["right_to_wrong"] == []
+
+
+def closed(values: list[float], window: float | None = 8.0) -> dict[str, Any]:
+    level: dict[str, Any] = {"concurrency": 16, "runs": [{"requests_per_s": x} for x in values]}
+    if window:
+        level["window"] = {"ramp_s": 2.0, "length_s": window}
+    return {"instances": [{"host": "h", "name": "a", "model": "m", "health": 200, "latency": {}, "throughput": [level]}]}
+
+
+def test_one_side_without_spread_is_not_exactly_known() -> None:
+    """Review item 2 (e6.py, q2.py): closed-loop requests/s over an 8 s window steps by 1/8; old 2 runs at 16.0, new 5
+    runs each 16.0 or 15.875 with the same chance q under the null. Welch took the old side as exactly known (df 4):
+    the worst false-alarm rate over q was 0.078 at alpha 0.05, and 15.875 x4, 16.0 against 16.0 x2 gave p 0.016,
+    CHANGED. With Sheppard's rounding variance (1/8)^2/12 on each side (on the log scale) the exact rate is at most
+    alpha at every q (0 here: 2 runs are too few), and that outcome gets p 0.066, not CHANGED."""
+    p = {}
+    for j1 in range(3):
+        for j2 in range(6):
+            old = [16.0] * (2 - j1) + [15.875] * j1
+            new = [16.0] * (5 - j2) + [15.875] * j2
+            p[(j1, j2)] = bc.run_level(old, new, 1 / 8.0)["p"]
+            assert bc.run_level(old, new, 1 / 8.0)["rounding"][0] == st.sheppard(1 / 8.0, sum(old) / 2)
+    assert st.sheppard(1 / 8.0, 16.0) == (1 / 8.0 / 16.0) ** 2 / 12
+    for q in [i / 100 for i in range(1, 100)]:
+        rate = sum(math.comb(2, j1) * q**j1 * (1 - q) ** (2 - j1) * math.comb(5, j2) * q**j2 * (1 - q) ** (5 - j2)
+                   for (j1, j2), pv in p.items() if pv is not None and pv <= 0.05)
+        assert rate <= 0.05, (q, rate)
+    out = bc.compare(closed([16.0, 16.0]), closed([15.875] * 4 + [16.0]), detect=False)
+    d = out["rows"][0]["throughput"][16]
+    assert 0.05 < d["p"] < 0.07 and d["changed"] is False and d["test"] == "Welch on log run figures"
+    # and the detectable ratio exists where both sides' runs sit on one step (the rounding variance alone)
+    d = bc.compare(closed([16.0] * 5), closed([16.0] * 5))["rows"][0]["throughput"][16]
+    assert d["p"] == 1.0 and d["detectable"] is not None and 1.0 < d["detectable"] < 1.02
+
+
+def test_no_spread_on_both_sides_falls_back_to_the_exact_permutation_test() -> None:
+    """Review item 3 (e1.py E2): 16.0 x5 -> 8.0 x5 was "untestable", not CHANGED; the exact permutation test of the
+    runs (complete separation of 5 and 5) gives p 2/252 = 0.0079: CHANGED. Without a window (no known step: e.g.
+    latency) the fallback runs; with one, Sheppard's variance lets Welch run (p far below). A permutation test that
+    cannot reach alpha (2 + 2 runs: at least 2/6) stays untestable, out of the family."""
+    out = bc.compare(closed([16.0] * 5, None), closed([8.0] * 5, None))
+    d = out["rows"][0]["throughput"][16]
+    assert d["test"] == "exact permutation on log run figures" and d["p"] == 2 / math.comb(10, 5) and d["changed"]
+    assert out["tests"] == 1 and d["adjusted_p"] == d["p"] and "interval" not in d
+    line = next(ln for ln in bc.table(out, {}, {}) if ln.startswith("  closed loop c=16"))
+    assert "exact permutation test on 5 + 5 runs, no interval; p 0.00794, adjusted 0.00794) CHANGED" in line
+    d = bc.compare(closed([16.0] * 5), closed([8.0] * 5))["rows"][0]["throughput"][16]
+    assert d["test"] == "Welch on log run figures" and d["p"] < 1e-6 and d["changed"]
+    out = bc.compare(closed([16.0] * 2, None), closed([8.0] * 2, None))
+    d = out["rows"][0]["throughput"][16]
+    assert d["untestable"].startswith("no spread in either side's runs, and the exact permutation test on 2 + 2 runs")
+    assert d["changed"] is False and out["tests"] == 0 and d["min_p"] == 2 / 6
+    # 2 + 5 can reach 1/21 < 0.05: tested
+    d = bc.compare(closed([16.0] * 2, None), closed([8.0] * 5, None))["rows"][0]["throughput"][16]
+    assert d["p"] == 1 / 21 and not d.get("untestable") and d["changed"]
+    # the permutation test itself: exact over every split, ties counted
+    assert st.permutation_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])["p"] == 2 / 20
+    assert st.permutation_test([1.0, 1.0], [1.0, 1.0])["p"] == 1.0

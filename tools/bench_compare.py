@@ -18,8 +18,11 @@ Per instance both reports benched (host/name), every figure that can be tested i
   interval at an adjusted level (adjusted_interval: the verdict's level, or Benjamini-Yekutieli's for BH's flagged),
   and the smallest ratio the test could detect with power 0.8 given the spread measured and the number of runs
   (a lower bound on the power: d3_bench_stats.detectable_ratio). With one run a side there is no spread
-  to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2);
-  with every run identical on both sides it is "untestable" and not tested either.
+  to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2).
+  Closed-loop throughput is quantized (completions over the window: steps of 1/window): Sheppard's rounding variance
+  step^2/12 is added to each side's spread, so a side whose runs all fell on one step is not taken as exactly known.
+  Every run identical on both sides with no known step (latency; a report without windows): the exact permutation
+  test of the runs instead of Welch's (no interval), "untestable" and not tested when it cannot reach p <= alpha.
 Questions whose request failed on either side (no HTTP 200: network failure, timeout, error status) are left out
 of the accuracy pairs and counted per side; a 200 reply without a usable answer is wrong and paired (it can flip).
 Tests that cannot reject (no flips, every paired difference 0) are shown but left out of the family.
@@ -109,21 +112,34 @@ def paired_calibration(old: dict[str, Any], new: dict[str, Any], kind: str) -> d
     return out
 
 
-def run_level(old: list[float], new: list[float]) -> dict[str, Any]:
+def run_level(old: list[float], new: list[float], step: float | None = None, alpha: float = st.ALPHA) -> dict[str, Any]:
     """Run-level figures (one per run) of old and new: {runs, values (the run figures, old and new), old, new (means
     of the runs), ratio new/old and its 95 % interval (unadjusted), p} from Welch's t test on their logarithms; with
     fewer than 2 runs a side, no test: `single`. compare() adds the interval at the verdict's adjusted level and the
-    smallest detectable ratio."""
+    smallest detectable ratio. `step`: the figure's quantization step (closed-loop requests/s: 1/window), whose
+    rounding variance (Sheppard's, on the log scale at each side's mean: `rounding`) is added to each side's spread.
+    Every run identical on both sides and no step: Welch has no standard error; the exact permutation test of the
+    log run figures is run instead (`test` says so; no interval), kept in the family when it can reject at `alpha`
+    (its smallest attainable p, 2 / C(10, 5) = 0.0079 at 5 + 5 runs, 1 / C(7, 2) = 0.048 at 2 + 5, is at most alpha),
+    else `untestable` (2 + 2 runs: at least 0.33)."""
     old = [float(x) for x in old if x is not None and x > 0]
     new = [float(x) for x in new if x is not None and x > 0]
     out: dict[str, Any] = {"runs": [len(old), len(new)], "values": [old, new], "old": sum(old) / len(old) if old else None,
                            "new": sum(new) / len(new) if new else None}
-    test = st.welch([math.log(x) for x in old], [math.log(x) for x in new])
+    if step and old and new:
+        out["rounding"] = [st.sheppard(step, out["old"]), st.sheppard(step, out["new"])]
+    logs = [math.log(x) for x in old], [math.log(x) for x in new]
+    test = st.welch(*logs, rounding=tuple(out.get("rounding") or (0.0, 0.0)))
     if test is None:
         return {**out, "single": True, "p": None}
-    if test.get("untestable"):  # zero spread on both sides: reported, not tested, never CHANGED
-        return {**out, "single": False, "test": "Welch on log run figures", "ratio": math.exp(test["diff"]),
-                "p": None, "untestable": test["untestable"]}
+    if test.get("untestable"):  # zero spread on both sides, no step: the exact permutation test instead
+        perm = st.permutation_test(*logs)
+        out.update({"single": False, "test": "exact permutation on log run figures", "ratio": math.exp(test["diff"]),
+                    "p": perm["p"], "min_p": perm["min_p"]})
+        if perm["min_p"] > alpha:
+            out["untestable"] = (f"no spread in either side's runs, and the exact permutation test on "
+                                 f"{len(old)} + {len(new)} runs cannot reach p <= {alpha:g} (at least {perm['min_p']:.3g})")
+        return out
     return {**out, "single": False, "test": "Welch on log run figures", "ratio": math.exp(test["diff"]),
             "interval": [math.exp(test["interval"][0]), math.exp(test["interval"][1])], "p": test["p"]}
 
@@ -148,10 +164,12 @@ def adjusted_interval(d: dict[str, Any], alpha: float, family: int, detect: bool
     verdict = alpha * d["p"] / d["adjusted_p"] if d["adjusted_p"] > 0 else alpha / family
     level = selected * alpha / family if selected else verdict
     logs = [[math.log(x) for x in side] for side in d["values"]]
-    test = st.welch(logs[0], logs[1], level)
+    rounding = tuple(d.get("rounding") or (0.0, 0.0))
+    test = st.welch(logs[0], logs[1], level, rounding)
     d["adjusted_level"] = 1.0 - level
     d["adjusted_interval"] = [math.exp(test["interval"][0]), math.exp(test["interval"][1])]
-    d["detectable"] = st.detectable_ratio(d["values"][0], d["values"][1], alpha / family) if detect else None
+    d["detectable"] = (st.detectable_ratio(d["values"][0], d["values"][1], alpha / family, rounding=rounding)
+                       if detect else None)
 
 
 def _latency_runs(inst: dict[str, Any], label: str) -> list[float]:
@@ -166,6 +184,18 @@ def _closed_runs(inst: dict[str, Any]) -> dict[int, list[float]]:
     return {t["concurrency"]: [r["requests_per_s"] for r in t.get("runs") or [t]] for t in inst.get("throughput") or []}
 
 
+def _closed_step(*insts: dict[str, Any]) -> dict[int, float]:
+    """Per concurrency, the quantization step of closed-loop requests/s (completions over the window: 1/window), the
+    coarser of the reports'; none for a level without a recorded window (a report from before windows)."""
+    steps: dict[int, float] = {}
+    for inst in insts:
+        for t in inst.get("throughput") or []:
+            length = (t.get("window") or {}).get("length_s")
+            if length:
+                steps[t["concurrency"]] = max(steps.get(t["concurrency"], 0.0), 1.0 / length)
+    return steps
+
+
 def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alpha: float = st.ALPHA,
             detect: bool = True) -> dict[str, Any]:
     """{method, alpha, family (every test: instance, figure, p, adjusted p, changed), rows (one per instance in both
@@ -178,14 +208,15 @@ def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alph
         if inst.get("health") != 200 or key not in before:
             continue
         was = before[key]
-        closed_old, closed_new = _closed_runs(was), _closed_runs(inst)
+        closed_old, closed_new, step = _closed_runs(was), _closed_runs(inst), _closed_step(was, inst)
         rows.append({
             "instance": key, "model": inst["model"],
             "image": ((was.get("record") or {}).get("image_ref"), (inst.get("record") or {}).get("image_ref")),
             "accuracy": paired_accuracy(was, inst),
             "calibration": {kind: paired_calibration(was, inst, kind) for kind, _ in KINDS},
-            "latency": {q: run_level(_latency_runs(was, q), _latency_runs(inst, q)) for q in ("q2", "q4")},
-            "throughput": {c: run_level(closed_old[c], closed_new[c]) for c in closed_new if c in closed_old},
+            "latency": {q: run_level(_latency_runs(was, q), _latency_runs(inst, q), alpha=alpha) for q in ("q2", "q4")},
+            "throughput": {c: run_level(closed_old[c], closed_new[c], step.get(c), alpha)
+                           for c in closed_new if c in closed_old},
         })
     tests = []
     for r in rows:
@@ -202,7 +233,7 @@ def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alph
         d["adjusted_p"], d["changed"] = adj, adj <= alpha
     flagged = sum(d["changed"] for _, _, d in tests)
     for _, _, d in tests:
-        if "ratio" in d:
+        if "ratio" in d and d["test"].startswith("Welch"):
             adjusted_interval(d, alpha, len(tests), detect, flagged if method == "bh" and d["changed"] else None)
     return {"method": f"{name}, {rate} {alpha:g}", "alpha": alpha, "tests": len(tests),
             "family": [{"instance": i, "figure": n, "p": d["p"], "adjusted_p": d["adjusted_p"], "changed": d["changed"]}
@@ -228,9 +259,11 @@ def _run_line(d: dict[str, Any], unit: str, fmt: str) -> str:
         return (f"{head}: {d['runs'][0]} run(s) -> {d['runs'][1]}: cannot tell noise from change (not tested; "
                 "bench with d3_bench_repeats >= 2)")
     if d.get("untestable"):
-        return (f"{head} (x{d['ratio']:.3f}; {d['runs'][0]} + {d['runs'][1]} runs): untestable, {d['untestable']} "
-                "(every run identical on both sides, e.g. throughput quantized in steps of 1/window): not tested, "
-                "not CHANGED")
+        return (f"{head} (x{d['ratio']:.3f}; {d['runs'][0]} + {d['runs'][1]} runs): untestable, {d['untestable']}: "
+                "not tested, not CHANGED")
+    if d["test"].startswith("exact permutation"):
+        return (f"{head} (x{d['ratio']:.3f}; every run identical on both sides: exact permutation test on "
+                f"{d['runs'][0]} + {d['runs'][1]} runs, no interval; {_p(d)}){_flag(d)}")
     lo, hi = d["interval"]
     alo, ahi = d["adjusted_interval"]
     det = "-" if d["detectable"] is None else f"x{d['detectable']:.3f}"
@@ -297,7 +330,7 @@ def plot(result: dict[str, Any], path: str, simulated: bool) -> None:
         d = r["latency"]["q4"]
         if d["old"] is None or d["new"] is None:
             continue
-        if d["single"] or d.get("untestable"):
+        if d["single"] or "adjusted_interval" not in d:  # one run, untestable, or the permutation test: no interval
             right.plot([d["new"] / d["old"]], [y], marker="o", mfc="none", color="tab:grey")
         else:
             lo, hi = d["adjusted_interval"]

@@ -194,7 +194,7 @@ def test_load_marks_a_censored_p50_as_a_lower_bound(figures: list[Any], tmp_path
     (fig,) = figures
     sched, above, _send = fig.axes[0].collections
     assert sched.get_offsets().tolist() == [[4.0, 81.0]] and above.get_offsets().tolist() == [[60.0, 900.0]]
-    assert above.get_label() == "h1/m (d3-m) p50 from the schedule, a lower bound (requests never sent)"
+    assert above.get_label() == "h1/m (d3-m) p50 from the schedule, a lower bound (requests never sent or failed)"
 
 
 # --------------------------------------------------------------------------------------------- the module

@@ -111,3 +111,37 @@ def test_no_spread_on_both_sides_falls_back_to_the_exact_permutation_test() -> N
     # the permutation test itself: exact over every split, ties counted
     assert st.permutation_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])["p"] == 2 / 20
     assert st.permutation_test([1.0, 1.0], [1.0, 1.0])["p"] == 1.0
+
+
+def test_fast_errors_do_not_pull_the_latency_from_the_schedule_down() -> None:
+    """Review item 5 (e5.py): 40 answers at 200 ms and 60 HTTP 503s at 3 ms (the 503s due first). Before: each 503
+    censored at the 3 ms it spent, p50 from the schedule ">= 3" ms against 200 ms from the send. A failed request got
+    no answer by the window's end: censored there (each at least end - intended time), so the median request, which
+    got no answer, is >= 16525 ms; the latency from the send is the 40 answered requests' alone. Without errors the
+    two agree; a timeout longer than the rest of the window is censored at what it spent."""
+    sys.path.insert(0, str(ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/modules"))
+    import bench_load as bl
+
+    due = 1000.0
+
+    def recs(n_ok: int, n_fast: int, fast_ms: float = 3.0) -> list[dict[str, Any]]:
+        out = []
+        for i in range(n_ok + n_fast):
+            fast, at = i < n_fast, 1.0 + i * 0.05
+            ms = fast_ms if fast else 200.0
+            out.append({"sent": due + at, "received": due + at + ms / 1000, "ms": ms, "status": 503 if fast else 200,
+                        "input_tokens": None, "scheduled_s": at, "lag_ms": 0.0, "ms_from_schedule": ms,
+                        **({"error": "HTTP 503"} if fast else {})})
+        return out
+
+    r = recs(40, 60)
+    s = bl.window_figures(r, due + 0.5, due + 20.0, 4, 250.0, "ms_from_schedule", due=due)
+    t = bl.window_figures(r, due + 0.5, due + 20.0, 4, 250.0, "ms", due=due)
+    assert (t["p50"], t["n"]) == (200.0, 40) and s["n"] == 100 and s["censored"] == 60
+    assert s["p50"] == 16525.0 and "p50" in s["lower_bound"] and s["p50"] >= t["p50"]
+    r = recs(100, 0)
+    s = bl.window_figures(r, due + 0.5, due + 20.0, 4, 250.0, "ms_from_schedule", due=due)
+    assert s["p50"] == 200.0 and not s["lower_bound"]
+    r = recs(99, 1, fast_ms=60000.0)  # a timeout of 60 s, due at 1 s: more than the 19 s left in the window
+    s = bl.window_figures(r, due + 0.5, due + 20.0, 4, 250.0, "ms_from_schedule", due=due)
+    assert s["max"] == 60000.0 and "max" in s["lower_bound"]

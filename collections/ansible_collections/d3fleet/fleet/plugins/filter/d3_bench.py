@@ -419,7 +419,7 @@ def _pct(fig: dict[str, Any], q: str) -> str:
     mean of the runs' percentiles and its t interval over the runs, "X [lo-hi over k runs]". Otherwise the pooled
     samples' percentile with its distribution-free interval (order statistics, which assume independent samples);
     one whose n is too small for that interval (d3_bench_stats.min_n: p50 6, p95 72, p99 368) shown as "n too small",
-    not as a number; one that reaches a censored latency (a request never sent: `lower_bound`) as ">= X", its
+    not as a number; one that reaches a censored latency (a request never sent, or failed: `lower_bound`) as ">= X", its
     interval's open upper end as "inf"."""
     runs = fig.get("run_level") or {}
     if (runs.get("interval") or {}).get(q):
@@ -609,8 +609,10 @@ def bench_table(report: dict[str, Any], published: dict[str, Any] | None = None)
                   "actual send; lag: how late the dispatcher started each request after its intended time; its first tenth "
                   "(ramp) and the answers after the "
                   "schedule (drain) are outside the window; goodput judged from the schedule",
-                  "  requests never sent that were due in the window count in the latency from the schedule, censored at "
-                  "the window's end (each waited at least end - intended time): a figure reaching them is printed '>= X'",
+                  "  requests never sent that were due in the window, and requests that failed (no HTTP 200), count in "
+                  "the latency from the schedule, censored at the window's end (each waited at least end - intended "
+                  "time; a failure at what it spent if longer): a figure reaching them is printed '>= X'; the latency "
+                  "from the send is the answered requests' alone",
                   "  NOT DRIVEN: sent under 95 % of the offered rate, or a p99 lag (the dispatcher's start of a request "
                   "after its intended time) of max(1 ms, 5 % of the mean gap) or more",
                   f"  the generator's own limit, measured in this run: {'; '.join(limits) or '-'}"]

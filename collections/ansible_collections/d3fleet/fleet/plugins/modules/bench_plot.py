@@ -223,7 +223,7 @@ def load(report: dict, published: dict, path: str) -> None:
                     color=colour, label=f"{_who(inst)} p50 from the schedule")
         if above:
             lat.scatter([t["offered_per_s"] for t in above], [t["from_schedule"]["p50"] for t in above], marker="^",
-                        color=colour, label=f"{_who(inst)} p50 from the schedule, a lower bound (requests never sent)")
+                        color=colour, label=f"{_who(inst)} p50 from the schedule, a lower bound (requests never sent or failed)")
         lat.scatter([t["offered_per_s"] for t in ok], [t["p50"] for t in ok], marker="o", facecolors="none",
                     edgecolors=colour, label=f"{_who(inst)} p50 from the send")
         good.scatter([t["offered_per_s"] for t in ok], [t.get("goodput_per_s") or 0 for t in ok], marker="o", color=colour,

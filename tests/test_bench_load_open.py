@@ -310,10 +310,12 @@ def test_an_open_level_s_schedule_figures_carry_the_censored(fake: tuple[type[Fa
     finally:
         fk.HOLD.set()
     schedule = bench_load.arrivals(20.0, 0.5, 4)
-    # the never sent, and the one sent that failed (censored at its time spent: the second review's item 8)
+    # the never sent, and the one sent that failed (censored at the schedule's end like them, or its time spent if
+    # longer: the third review's item 5; the second's item 8 censored it at its time spent alone)
     assert row["from_schedule"]["censored"] == row["not_sent"] + 1 == len(schedule)
     failed = next(r for r in row["_recs"] if r.get("status") == -8)
-    assert row["from_schedule"]["max"] == round(max((0.5 - schedule[1]) * 1000.0, failed["ms_from_schedule"]), 1)
+    assert failed["scheduled_s"] == round(schedule[0], 6) and failed["ms_from_schedule"] < (0.5 - schedule[1]) * 1000.0
+    assert row["from_schedule"]["max"] == round((0.5 - failed["scheduled_s"]) * 1000.0, 1)
     assert row["from_schedule"]["n"] == len(schedule) and "p50" in row["from_schedule"]["lower_bound"]
     assert sum(1 for r in row["_recs"] if r.get("not_sent")) == row["not_sent"]
 

@@ -302,7 +302,12 @@ def test_the_simulator_takes_float16_kv_cache_as_two_bytes() -> None:
 UNMODELLED = [["--block-size=32"], ["--mamba-ssm-cache-dtype", "float16"], ["--mamba-cache-dtype=float32"],
               ["--performance-mode", "throughput"], ["--num-gpu-blocks-override=100"], ["--no-enable-chunked-prefill"],
               ["--skip-mm-profiling"], ["--language-model-only"], ["--mm-encoder-tp-mode=data"],
-              ["--num-gpu-blocks=100"], ["--block_size", "32"]]  # fmt: skip
+              ["--num-gpu-blocks=100"], ["--block_size", "32"],
+              # the third review: they passed through and changed the accounting
+              ["--dtype", "float16"], ["--cpu-offload-gb", "2"], ["--hf-overrides", '{"text_config": {}}'],
+              ["--mamba-block-size=1024"], ["--mamba-cache-mode", "align"], ["--pooler-config", '{"pooling_type": "LAST"}'],
+              ["--runner", "generate"], ["--convert=embed"], ["--compilation-config", '{"mode": 3}'],
+              ["--compilation-config.mode=3"], ["--optimization-level=3"], ["--speculative-config", "{}"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("args", UNMODELLED, ids=[a[0] for a in UNMODELLED])
@@ -312,12 +317,56 @@ def test_a_flag_that_changes_vllms_accounting_is_refused_by_name(catalog_vars: d
     from d3_inputs import canonical_flag
     from d3_planner import KNOWN_FLAGS, UNMODELLED_FLAGS
 
-    flag = canonical_flag(args[0], KNOWN_FLAGS)[0]
+    flag, _, key = canonical_flag(args[0], KNOWN_FLAGS)
     assert flag in UNMODELLED_FLAGS
     (error,) = plan(catalog_vars, 1, {"model": "d3-edge", "extra_args": args})["errors"]
     assert error == (f"host h: d3_models[0] (d3-edge): extra_args sets {flag}, which changes {UNMODELLED_FLAGS[flag]}; the "
                      "planner does not model it, so it cannot predict vLLM's startup figures or refusals with it. Fix: "
-                     f"remove {flag} from d3_models[0].extra_args")  # fmt: skip
+                     f"remove {flag}{'.' + key if key else ''} from d3_models[0].extra_args")  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "flag"), [(["-O3"], "--optimization-level"), (["-O", "0"], "--optimization-level"),
+                                           (["-cc.mode=3"], "--compilation-config"),
+                                           (["-cc", '{"mode": 3}'], "--compilation-config")])  # fmt: skip
+def test_the_single_dash_compilation_spellings_are_refused_too(catalog_vars: dict[str, Any], args: list[str], flag: str) -> None:
+    """vLLM's -O and -cc (VllmConfig.compilation_config's docstring: -cc.mode=3, -cc='{"mode":3}') name the same
+    unmodelled settings."""
+    from d3_planner import UNMODELLED_FLAGS
+
+    (error,) = plan(catalog_vars, 1, {"model": "d3-edge", "extra_args": args})["errors"]
+    assert f"extra_args sets {flag}, which changes {UNMODELLED_FLAGS[flag]}; the planner does not model it" in error
+    assert f"Fix: remove {args[0].split('=')[0]} from d3_models[0].extra_args" in error
+
+
+@pytest.mark.parametrize("args", [["--dtype", "bfloat16"], ["--dtype=auto"], ["--runner", "pooling"], ["--runner=auto"],
+                                  ["--convert", "none"], ["--limit-mm-per-prompt", '{"image": 0}'],
+                                  ["--limit-mm-per-prompt", '{"image": {"count": 1, "width": 448, "height": 448}, "video": 0}'],
+                                  ["--limit-mm-per-prompt.video=0"]])  # fmt: skip
+def test_values_the_planner_already_assumes_are_planned(catalog_vars: dict[str, Any], args: list[str]) -> None:
+    """config.json's dtype, the pooling runner of a classification model, no conversion, and limits that keep the
+    vision tower (one modality, size hints: domain facts 2.3 suggests the image hint) change nothing the planner
+    counts; they reach vLLM as given."""
+    result = plan(catalog_vars, 1, {"model": "d3-edge", "extra_args": args})
+    assert result["errors"] == []
+    tokens = [part for arg in args for part in arg.split("=", 1)]
+    assert result["instances"][0]["args"][-len(tokens):] == tokens
+
+
+@pytest.mark.parametrize("args", [["--limit-mm-per-prompt", '{"image": 0, "video": 0}'],
+                                  ["--limit-mm-per-prompt", '{"image": {"count": 0}, "video": 0}'],
+                                  ["--limit-mm-per-prompt.image=0", "--limit-mm-per-prompt.video", "0"],
+                                  ["--limit_mm", '{"video": 0, "image": 0}']])  # fmt: skip
+def test_limits_that_skip_the_vision_tower_are_refused_like_language_model_only(catalog_vars: dict[str, Any], args: list[str]) -> None:
+    """Every modality of Qwen3.5's tower (image, video) at 0 builds no vision tower, as --language-model-only does
+    (vLLM: "setting all multimodal modalities to 0 using --language-model-only"): its TP checks and weights go, which
+    the planner does not model (d3-edge at TP 8 would otherwise be refused for its 12 vision heads)."""
+    for extra in ([], ["--tensor-parallel-size=8"]):
+        (error,) = plan(catalog_vars, 1, {"model": "d3-edge", "extra_args": [*args, *extra]})["errors"]
+        assert error == ("host h: d3_models[0] (d3-edge): extra_args sets --limit-mm-per-prompt to 0 for image and video, "
+                         "which builds no vision tower, as --language-model-only does (its TP checks, its weights in GPU "
+                         "memory); the planner does not model it, so it cannot predict vLLM's startup figures or refusals "
+                         "with it. Fix: remove the 0 limits from d3_models[0].extra_args (a limit above 0, or size hints, "
+                         "are planned)")  # fmt: skip
 
 
 @pytest.mark.parametrize("value", ["auto", "-1", "AUTO"])

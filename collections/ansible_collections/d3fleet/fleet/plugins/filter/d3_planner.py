@@ -9,6 +9,7 @@ the variable and the fix. Nothing here touches a host.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,11 +85,34 @@ UNMODELLED_FLAGS = {
     "--language-model-only": "the model built: no vision tower (its TP checks, its weights in GPU memory)",
     "--mm-encoder-tp-mode": "how the vision tower is split ('data': replicated on every rank, no TP check of its "
     "heads, its whole weights on every GPU)",
+    # the third review: flags that pass through vLLM's parser and change the accounting
+    "--dtype": "the model dtype: weights, activations and the GDN conv state (the planner takes config.json's)",
+    "--cpu-offload-gb": "the weights in GPU memory (part of them kept in CPU memory)",
+    "--hf-overrides": "config.json's numbers (layers, heads, dims, dtypes), which every figure starts from",
+    "--mamba-block-size": "the Gated DeltaNet state's block (one per sequence at max_model_len, prefix caching off)",
+    "--mamba-cache-mode": "the Gated DeltaNet state blocks per sequence ('all'/'align' keep states per block)",
+    "--pooler-config": "the pooling, and with it whether chunked prefill is on (ModelConfig."
+    "is_chunked_prefill_supported; docs/capacity.md, unsettled questions)",
+    "--runner": "the runner (generate or pooling) and with it the model class, its defaults and its chunked prefill",
+    "--convert": "the model class (a converted pooling or generation adapter), its defaults and its chunked prefill",
+    "--compilation-config": "the compilation (mode 3 compiles with Inductor even beside --enforce-eager) and CUDA "
+    "graphs: the profile run's activations and the graph memory the planner counts for eager mode only",
+    "--optimization-level": "vLLM's -O level: the compilation and CUDA graph defaults (the planner counts eager mode)",
+    "--speculative-config": "the models loaded (a draft model's weights and KV cache) and the mamba cache mode",
 }
+# Values of unmodelled flags that say what the planner already assumes (vLLM's defaults for D3), so they are planned:
+# the model dtype config.json gives ("auto" keeps it), the pooling runner of a classification model ("auto" picks
+# it), no conversion (D3 is a sequence-classification class itself).
+PLANNED_VALUES = {"--dtype": ("auto",), "--runner": ("auto", "pooling"), "--convert": ("auto", "none")}
+# vLLM's single-dash spellings of unmodelled flags (-O3, -O 3, -cc.mode=3, -cc '{...}': the docstring of
+# VllmConfig.compilation_config, vllm/config/vllm.py)
+UNMODELLED_SHORT = re.compile(r"\A(?:(?P<o>-O(?:\d+)?(?:\..*)?)|(?P<cc>-cc(?:\..*)?))\Z")
+# The modalities Qwen3.5's vision tower serves (_mark_tower_model(vllm_config, {"image", "video"}), qwen3_5.py)
+TOWER_MODALITIES = ("image", "video")
 # Flags the planner reads or owns: an extra_args flag naming one of them, exactly or by a unique prefix as vLLM's
 # parser allows, is that flag (d3_inputs.canonical_flag).
 KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype", "--max-num-batched-tokens",
-               "--kv-cache-memory-bytes", "--max-num-seqs", *sorted(set(UNMODELLED_FLAGS) - BOOLEAN_FLAGS))  # fmt: skip
+               "--kv-cache-memory-bytes", "--max-num-seqs", "--limit-mm-per-prompt", *sorted(set(UNMODELLED_FLAGS) - BOOLEAN_FLAGS))  # fmt: skip
 NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
 SHA_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "served_name", "extra_args", "env"}
@@ -215,6 +239,24 @@ def split_args(args: list[Any]) -> list[tuple[str, str | None]]:
             pairs.append((flag, items[i + 1]))
             i += 2
     return pairs
+
+
+def mm_limits(flag: str, value: str | None) -> dict[str, Any]:
+    """The per-prompt counts a --limit-mm-per-prompt argument sets, by modality, as vLLM's MultiModalConfig reads them
+    (vllm/config/multimodal.py: a count, or a mapping with "count" and size hints): ``--limit-mm-per-prompt JSON`` or
+    ``--limit-mm-per-prompt.image N``. What does not parse is left to vLLM's parser (it refuses it)."""
+    try:
+        parsed = json.loads(value) if value is not None else None
+    except ValueError:
+        return {}
+    if "." in flag:
+        parsed = {flag.split(".", 1)[1]: parsed}
+    if not isinstance(parsed, dict):
+        return {}
+    counts: dict[str, Any] = {}
+    for modality, limit in parsed.items():
+        counts[str(modality)] = limit.get("count") if isinstance(limit, dict) else limit
+    return counts
 
 
 def mib_of_gb(gb: float) -> int:
@@ -575,24 +617,33 @@ class _Planner:
         }
         eager = bool(self.common["enforce_eager"])
         extra: list[tuple[str, str | None]] = []
+        limits: dict[str, Any] = {}
         for flag, value in pairs:
             base = flag.split(".", 1)[0]
+            short = UNMODELLED_SHORT.match(flag)
+            if short:
+                base = "--optimization-level" if short["o"] else "--compilation-config"
             if base in OWNED_FLAGS:
                 self.refuse(where, f"extra_args sets {base}, which the planner owns", f"remove it; set {OWNED_FLAGS[base]}")
                 return None
+            planned = (*PLANNED_VALUES.get(base, ()), *((entry["architecture"]["text"]["dtype"],) if base == "--dtype" else ()))
+            if base in UNMODELLED_FLAGS and not (flag == base and value in planned):
+                self.refuse(
+                    where,
+                    f"extra_args sets {base}, which changes {UNMODELLED_FLAGS[base]}; the planner does not model it, "
+                    "so it cannot predict vLLM's startup figures or refusals with it",
+                    f"remove {flag} from d3_models[{pos}].extra_args",
+                )
+                return None
+            if base == "--limit-mm-per-prompt":  # passed to vLLM, whole or by key; read for the tower's modalities
+                limits.update(mm_limits(flag, value))
+                extra.append((flag, value))
+                continue
             if "." in flag and base in KNOWN_FLAGS:
                 self.refuse(
                     where,
                     f"extra_args sets {flag} (a JSON key of {base}), which the planner reads as a whole",
                     f"give {base} VALUE instead",
-                )
-                return None
-            if base in UNMODELLED_FLAGS:
-                self.refuse(
-                    where,
-                    f"extra_args sets {base}, which changes {UNMODELLED_FLAGS[base]}; the planner does not model it, "
-                    "so it cannot predict vLLM's startup figures or refusals with it",
-                    f"remove {base} from d3_models[{pos}].extra_args",
                 )
                 return None
             if flag == "--enforce-eager":
@@ -603,6 +654,18 @@ class _Planner:
                 flags[flag] = value
             else:
                 extra.append((flag, value))
+
+        if all(limits.get(m) == 0 for m in TOWER_MODALITIES):
+            # every modality of the tower at 0: vLLM builds no vision tower, as with --language-model-only ("setting
+            # all multimodal modalities to 0", vLLM's multimodal docs; domain facts 2.1)
+            self.refuse(
+                where,
+                f"extra_args sets --limit-mm-per-prompt to 0 for {' and '.join(TOWER_MODALITIES)}, which builds no "
+                "vision tower, as --language-model-only does (its TP checks, its weights in GPU memory); the planner "
+                "does not model it, so it cannot predict vLLM's startup figures or refusals with it",
+                f"remove the 0 limits from d3_models[{pos}].extra_args (a limit above 0, or size hints, are planned)",
+            )
+            return None
 
         quant = flags["--quantization"]
         if variant["pre_quantized"] and quant is not None and quant != variant["quant_method"]:

@@ -112,7 +112,8 @@ TOWER_MODALITIES = ("image", "video")
 # Flags the planner reads or owns: an extra_args flag naming one of them, exactly or by a unique prefix as vLLM's
 # parser allows, is that flag (d3_inputs.canonical_flag).
 KNOWN_FLAGS = (*OWNED_FLAGS, *CATALOG_FLAGS, *sorted(BOOLEAN_FLAGS), "--kv-cache-dtype", "--max-num-batched-tokens",
-               "--kv-cache-memory-bytes", "--max-num-seqs", "--limit-mm-per-prompt", *sorted(set(UNMODELLED_FLAGS) - BOOLEAN_FLAGS))  # fmt: skip
+               "--kv-cache-memory-bytes", "--max-num-seqs", "--limit-mm-per-prompt",
+               *sorted(set(UNMODELLED_FLAGS) - BOOLEAN_FLAGS))  # fmt: skip
 NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
 SHA_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 ITEM_KEYS = {"model", "variant", "gpus", "port", "name", "served_name", "extra_args", "env"}

@@ -17,7 +17,9 @@ Per instance both reports benched (host/name), every figure that can be tested i
   t test on their logarithms gives the ratio new/old of the runs' geometric means, with its 95 % interval and its
   interval at an adjusted level (adjusted_interval: the verdict's level, or Benjamini-Yekutieli's for BH's flagged),
   and the smallest ratio the test could detect with power 0.8 given the spread measured and the number of runs
-  (a lower bound on the power: d3_bench_stats.detectable_ratio). With one run a side there is no spread
+  (a lower bound on the power if the measured spread were the true one: d3_bench_stats.detectable_ratio; an
+  estimate, since the spread of a few runs is itself noisy: at true 2 %, k = 5, alpha 0.05 the true power at the
+  printed ratio is below 0.8 in 35 % of comparisons, the statistician's third review). With one run a side there is no spread
   to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2).
   Closed-loop throughput is quantized (completions over the window: steps of 1/window): Sheppard's rounding variance
   step^2/12 is added to each side's spread, so a side whose runs all fell on one step is not taken as exactly known.
@@ -283,8 +285,9 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
              "  intervals: 95 % unadjusted, and adjusted: Holm, and BH's unflagged, at the level the verdict used "
              "(alpha x p / adjusted p: it excludes 1 exactly when CHANGED; no simultaneous coverage claimed), BH's "
              "flagged at Benjamini-Yekutieli's 1 - R alpha/m; tests that cannot reject (no flips, no difference, no "
-             "spread) are not in the family; detectable: the smallest ratio Welch's test on these runs detects with power 0.8 "
-             f"at alpha/m = {result['alpha']:g}/{max(result['tests'], 1)}, from the run-to-run spread measured"]
+             "spread) are not in the family; detectable: an estimate of the smallest ratio Welch's test on these runs detects "
+             f"with power 0.8 at alpha/m = {result['alpha']:g}/{max(result['tests'], 1)}, taking the run-to-run spread "
+             "measured as the true one (a few runs' spread is noisy: no guarantee)"]
     for r in result["rows"]:
         lines.append(f"{r['instance']} ({r['model']}): image {r['image'][0]} -> {r['image'][1]}")
         a = r["accuracy"]

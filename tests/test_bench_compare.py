@@ -149,7 +149,7 @@ def test_each_run_level_comparison_prints_the_smallest_detectable_ratio() -> Non
     assert 1.0 < q["detectable"] < 1.05 < 1.15 < n["detectable"]
     lines = bc.table(out, old, new)
     assert any(ln.startswith("  q4 latency") and f"detectable x{q['detectable']:.3f})" in ln for ln in lines)
-    assert "from the run-to-run spread measured" in lines[3] and f"at alpha/m = 0.05/{out['tests']}" in lines[3]
+    assert "taking the run-to-run spread measured as the true one" in lines[3] and f"at alpha/m = 0.05/{out['tests']}" in lines[3]
     assert bc.compare(old, new, detect=False)["rows"][0]["latency"]["q4"]["detectable"] is None
 
 

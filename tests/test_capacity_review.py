@@ -389,3 +389,21 @@ def test_the_simulator_makes_no_gdn_convolution_output_in_the_profile_run(catalo
     wide = {**text, "linear_num_key_heads": 64, "linear_num_value_heads": 64}  # key and value dims 8,192 each
     residual = 2 * 1024 * 2
     assert SIM.profile_activation_bytes_per_token({"text_config": wide}, 1, False) == residual + (4 * 8192 + 8192 + 1024) * 2
+
+
+# -- the third review: the default max_num_seqs on a GPU of 70 GiB or more -------------------------------------------
+@pytest.mark.parametrize(("total_mib", "seqs"), [(80 * 1024, 1024), (70 * 1024, 1024), (70 * 1024 - 1, 256), (L4, 256)])
+def test_the_default_max_num_seqs_follows_the_gpus_memory_on_both_sides(catalog_vars: dict[str, Any], total_mib: int,
+                                                                         seqs: int) -> None:  # fmt: skip
+    """EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py): `vllm serve` defaults max_num_seqs to 1024 when
+    device_memory >= 70 GiB (A100s excepted, not modelled), else 256; _set_default_max_num_seqs_and_batched_tokens_args
+    then takes min(max_num_seqs, max_num_batched_tokens). The planner and the simulator, each from that source."""
+    arch = catalog_vars["d3_catalog"]["d3-edge"]["architecture"]
+    flags = {"--max-model-len": 4, "--gpu-memory-utilization": 0.9, "--enable-chunked-prefill": True}
+    fig = kv_cache_figures(arch, {**flags, "--max-num-batched-tokens": 4096}, total_mib, 1)
+    mem = SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.9, total_mib * 2**20, 4, batched=4096, chunked=True)
+    assert fig["max_num_seqs"] == mem["max_num_seqs"] == seqs
+    # the default batch, capped at max_num_seqs x max_model_len (8192 from 70 GiB, 2048 below)
+    default = kv_cache_figures(arch, flags, total_mib, 1)["max_num_batched_tokens"]
+    assert default == SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.9, total_mib * 2**20, 4, chunked=True)[
+        "max_num_batched_tokens"] == min(seqs * 4, 8192 if seqs == 1024 else 2048)  # fmt: skip

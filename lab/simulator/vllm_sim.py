@@ -687,7 +687,8 @@ def kv_layout(config: dict[str, Any], kv_dtype: str, tp: int) -> KvLayout:
 #    applied when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default on since v0.21);
 #    available_kv_cache_memory_bytes = requested_memory - non_kv_cache_memory - cudagraph_memory_estimate_applied.
 #  - vllm/engine/arg_utils.py get_batch_defaults: `vllm serve` (UsageContext.OPENAI_API_SERVER) takes
-#    max_num_batched_tokens 2048 and max_num_seqs 256 when device memory < 70 GiB (8192 at >= 70 GiB);
+#    max_num_batched_tokens 2048 and max_num_seqs 256 when device memory < 70 GiB (8192 and 1024 at >= 70 GiB,
+#    `device_memory >= 70 * GiB_bytes and "a100" not in device_name`: the A100 exception is not simulated);
 #    _set_default_max_num_seqs_and_batched_tokens_args: if the user gave none, without chunked prefill
 #    max(max_model_len, default), then min(max_num_seqs * max_model_len, that). profile_run() runs
 #    _dummy_run(max_num_tokens) with max_num_tokens = max_num_batched_tokens.
@@ -696,7 +697,8 @@ def kv_layout(config: dict[str, Any], kv_dtype: str, tp: int) -> KvLayout:
 # (the field report's VISION_PROBE_GIB), the CUDA context outside the share (CUDA_CONTEXT_STAND_IN_MIB) and the total
 # torch reports for a GPU (TORCH_TOTAL_MIB).
 SERVE_BATCHED_TOKENS = {False: 2048, True: 8192}  # get_batch_defaults, OPENAI_API_SERVER: below / from 70 GiB
-SERVE_MAX_NUM_SEQS = 256
+SERVE_MAX_NUM_SEQS = 256  # get_batch_defaults, OPENAI_API_SERVER, below 70 GiB
+SERVE_MAX_NUM_SEQS_FROM_70_GIB = 1024
 # STAND-IN: memory_profiling's non_torch_increase (cuBLAS / NCCL workspaces), measured by vLLM, in no source: 512 MiB
 NON_TORCH_STAND_IN_MIB = int(os.environ.get("D3_SIM_NON_TORCH_MIB", "512"))
 # STAND-IN: the CUDA context and NCCL buffers, outside the share (allocated before the init snapshot); no source
@@ -719,13 +721,17 @@ def serve_max_num_batched_tokens(given: int | None, max_len: int, chunked: bool,
     tokens = SERVE_BATCHED_TOKENS[total_bytes >= 70 * GIB]
     if not chunked:
         tokens = max(max_len, tokens)
-    return min((SERVE_MAX_NUM_SEQS if seqs is None else seqs) * max_len, tokens)
+    return min((serve_default_max_num_seqs(total_bytes) if seqs is None else seqs) * max_len, tokens)
 
 
-def serve_max_num_seqs(given: int | None, batched: int) -> int:
+def serve_default_max_num_seqs(total_bytes: int) -> int:
+    return SERVE_MAX_NUM_SEQS_FROM_70_GIB if total_bytes >= 70 * GIB else SERVE_MAX_NUM_SEQS
+
+
+def serve_max_num_seqs(given: int | None, batched: int, total_bytes: int) -> int:
     """_set_default_max_num_seqs_and_batched_tokens_args (vllm/engine/arg_utils.py): `if orig_max_num_seqs is None:
     self.max_num_seqs = min(self.max_num_seqs, self.max_num_batched_tokens)`; a given --max-num-seqs is kept."""
-    return min(SERVE_MAX_NUM_SEQS, batched) if given is None else given
+    return min(serve_default_max_num_seqs(total_bytes), batched) if given is None else given
 
 
 def scheduler_config_error(batched: int, seqs: int, max_len: int, chunked: bool) -> str | None:
@@ -842,7 +848,7 @@ def startup_memory(config: dict[str, Any], weight_bytes: int, tp: int, util: flo
     ranks): the pool, the KV layout and the two figures vLLM logs, or why it stops (``stop``: kind and message).
     ``others``: memory other processes took during the profile run (counted in non_torch_increase by vLLM)."""
     tokens = serve_max_num_batched_tokens(batched, max_len, chunked, total_bytes, max_num_seqs)
-    seqs = serve_max_num_seqs(max_num_seqs, tokens)
+    seqs = serve_max_num_seqs(max_num_seqs, tokens, total_bytes)
     requested = int(total_bytes * util)
     weights = cdiv(weight_bytes, tp)
     peak = tokens * profile_activation_bytes_per_token(config, tp, fp8)

@@ -128,13 +128,15 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # block sizes are multiples of 16 (Blackwell's head-size-256 case, 32, does not apply to an L4).
 KERNEL_BLOCK_ALIGNMENT = 16
 # EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py): `vllm serve` (UsageContext.OPENAI_API_SERVER) defaults
-# max_num_batched_tokens to 2048 on a GPU below 70 GiB (8192 at 70 GiB and more, A100s excepted: not modelled) and
-# max_num_seqs to 256; _set_default_max_num_seqs_and_batched_tokens_args raises the default to max_model_len when
+# max_num_batched_tokens to 2048 and max_num_seqs to 256 on a GPU below 70 GiB (`device_memory >= 70 * GiB_bytes and
+# "a100" not in device_name`: 8192 and 1024; the A100 exception is not modelled: the planner does not see the name);
+# _set_default_max_num_seqs_and_batched_tokens_args raises the default to max_model_len when
 # chunked prefill is off and caps it at max_num_seqs x max_model_len. An explicit --max-num-batched-tokens is kept.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 LARGE_GPU_MAX_NUM_BATCHED_TOKENS = 8192
 LARGE_GPU_MIB = 70 * 1024
 DEFAULT_MAX_NUM_SEQS = 256
+LARGE_GPU_MAX_NUM_SEQS = 1024
 # vllm/config/cache.py CacheDType (vllm-project/vllm commit 002f10e0): the --kv-cache-dtype values vLLM's parser
 # accepts. The first three store the KV cache unquantized (2 bytes for D3's BF16); every other one is a quantized KV
 # cache, which D3's encoder attention refuses on the first request that reaches it (the field report, domain-facts 2.4).
@@ -301,17 +303,22 @@ def parse_bytes(text: Any) -> int:
 def default_batched_tokens(max_len: int, chunked: bool, gpu_total_mib: int, max_num_seqs: int | None = None) -> int:
     """max_num_batched_tokens as `vllm serve` sets it when --max-num-batched-tokens is not given (EngineArgs.
     get_batch_defaults and _set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py): the cap is
-    max_num_seqs (--max-num-seqs, or the default 256 before it is itself capped) x max_model_len."""
+    max_num_seqs (--max-num-seqs, or the default, default_max_num_seqs, before it is itself capped) x max_model_len."""
     batched = LARGE_GPU_MAX_NUM_BATCHED_TOKENS if gpu_total_mib >= LARGE_GPU_MIB else DEFAULT_MAX_NUM_BATCHED_TOKENS
     if not chunked:  # "If max_model_len is too short, use the default for higher throughput."
         batched = max(max_len, batched)
-    return min((DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs) * max_len, batched)
+    return min((default_max_num_seqs(gpu_total_mib) if max_num_seqs is None else max_num_seqs) * max_len, batched)
 
 
-def resolved_max_num_seqs(given: int | None, batched: int) -> int:
+def default_max_num_seqs(gpu_total_mib: int) -> int:
+    """get_batch_defaults' max_num_seqs for `vllm serve`: 256 below 70 GiB of device memory, 1024 from it."""
+    return LARGE_GPU_MAX_NUM_SEQS if gpu_total_mib >= LARGE_GPU_MIB else DEFAULT_MAX_NUM_SEQS
+
+
+def resolved_max_num_seqs(given: int | None, batched: int, gpu_total_mib: int) -> int:
     """max_num_seqs as vLLM resolves it (_set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py):
-    --max-num-seqs when given, else `min(self.max_num_seqs, self.max_num_batched_tokens)` of the default 256."""
-    return given if given is not None else min(DEFAULT_MAX_NUM_SEQS, batched)
+    --max-num-seqs when given, else `min(self.max_num_seqs, self.max_num_batched_tokens)` of the default."""
+    return given if given is not None else min(default_max_num_seqs(gpu_total_mib), batched)
 
 
 def tp_refusal(text: dict[str, Any], tp: int, vision: dict[str, Any] | None = None) -> str | None:
@@ -427,7 +434,7 @@ def kv_cache_figures(
     given_seqs = None if given_seqs is None else int(given_seqs)
     batched = flags.get("--max-num-batched-tokens")
     batched = default_batched_tokens(max_len, chunked, int(gpu_total_mib), given_seqs) if batched is None else int(batched)
-    max_num_seqs = resolved_max_num_seqs(given_seqs, batched)
+    max_num_seqs = resolved_max_num_seqs(given_seqs, batched, int(gpu_total_mib))
     # the profile run's activation peak per token on one GPU: the residual stream plus the largest layer transient
     hidden, inter = int(text["hidden_size"]), int(text["intermediate_size"])
     q8 = 1 if flags.get("fp8_activations", flags.get("--quantization") == "fp8") else 0

@@ -393,7 +393,8 @@ def test_questions_per_s_of_a_level_without_elapsed_time(timed: type[Timed]) -> 
 
 def test_questions_per_s_is_rounded_to_2_places(timed: type[Timed], monkeypatch: pytest.MonkeyPatch) -> None:
     timed.SCRIPT = {("GET", "/health"): [(200, b"")], ("GET", "/version"): [(200, b"{}")], ("POST", "/p"): [(200, b"{}")]}
-    monkeypatch.setattr(bench_load, "load_level", lambda *a: {"requests": 3, "errors": 1, "elapsed_s": 1.3, "_ok": 2})
+    monkeypatch.setattr(bench_load, "load_level", lambda *a: {"requests": 3, "errors": 1, "elapsed_s": 1.3, "_ok": 2,
+                                                          "_recs": []})
     out = bench_load.bench_target(params(concurrency=[5]), {"name": "n", "url": "u", "model": "m"})
     # the level's own row counts what was sent; its rates come from the records inside its window (none here)
     assert out["throughput"] == [{"concurrency": 5, "questions": 4, "requests": 3, "errors": 1, "error_examples": [],

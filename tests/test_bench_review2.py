@@ -219,7 +219,7 @@ def test_closed_levels_pool_the_completions_of_every_run(monkeypatch: pytest.Mon
         rec = rest[-1]
         recs = closed_loop_records(level, 1.0, now["wall"], duration_s, seed=int(now["wall"]))
         rec.records.extend(recs)
-        return {"requests": len(recs), "errors": 0, "elapsed_s": duration_s, "_ok": []}
+        return {"requests": len(recs), "errors": 0, "elapsed_s": duration_s, "_ok": [], "_recs": recs}
 
     class Sampler:
         def __init__(self, *args: Any) -> None:

@@ -156,3 +156,76 @@ def test_the_detectable_ratio_is_called_an_estimate() -> None:
     assert "detectable: an estimate of the smallest ratio" in legend and "measured as the true one" in legend
     doc = (ROOT / "docs/bench.md").read_text()
     assert "**an estimate**" in doc and "below 0.8 in 35 % of\n  comparisons" in doc
+
+
+def test_a_late_closed_loop_record_counts_in_its_own_level_only(monkeypatch: Any) -> None:
+    """Review item 6: a closed-loop worker still running after its level's deadline + timeout + 5 s added its record
+    to the shared records later, inside the next level's slice (records added since that level began): counted
+    twice. Now each level takes the records its own load_level returned (`_recs`, closed when it returns)."""
+    from ansible_collections.d3fleet.fleet.plugins.modules import bench_load as bl
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_bench_review2 import closed_loop_records
+
+    walls = iter([1000.0, 2000.0])
+    now = {"wall": 0.0}
+
+    def load_level(target: Any, path: Any, payload: Any, level: int, duration_s: float, *rest: Any) -> dict:
+        rec = rest[-1]
+        if level == 8:  # a straggler of level 4, sent in its window, answered inside level 8's: added now
+            rec.add("closed", 200, b"", (2005.0 - 1009.0) * 1000.0, 1009.0, concurrency=4)
+        recs = closed_loop_records(level, 1.0, now["wall"], duration_s, seed=int(now["wall"]))
+        rec.records.extend(recs)
+        return {"requests": len(recs), "errors": 0, "elapsed_s": duration_s, "_ok": [], "_recs": recs}
+
+    class Sampler:
+        def __init__(self, *args: Any) -> None:
+            pass
+
+        def finish(self) -> dict:
+            return {}
+
+    def wall() -> float:
+        now["wall"] = next(walls)
+        return now["wall"]
+
+    monkeypatch.setattr(bl, "warm", lambda *a: None)
+    monkeypatch.setattr(bl, "Sampler", Sampler)
+    monkeypatch.setattr(bl, "load_level", load_level)
+    monkeypatch.setattr(bl, "time", type("T", (), {"time": staticmethod(wall), "perf_counter": staticmethod(lambda: 0.0)}))
+    p = {"repeats": 1, "concurrency": [4, 8], "duration_s": 10.0, "max_requests": 0, "timeout": 60.0, "path": "/",
+         "metrics_path": "", "slo_ms": 0.0}
+    rec = bl.Recorder()
+    four, eight = bl.closed_levels(p, {"url": "x"}, b"{}", 4, rec)
+    straggler = next(r for r in rec.records if r["sent"] == 1009.0)
+    assert "run" not in straggler and "window" not in straggler
+    own = closed_loop_records(8, 1.0, 2000.0, 10.0, seed=2000)
+    want = bl.window_figures(own, 2002.0, 2010.0, 4, 0.0)
+    assert eight["requests_per_s"] == want["requests_per_s"] and eight["n"] == want["n"]
+    assert four["runs"][0]["n"] == bl.window_figures(closed_loop_records(4, 1.0, 1000.0, 10.0, seed=1000), 1002.0,
+                                                     1010.0, 4, 0.0)["n"]
+
+
+def test_load_level_returns_its_own_records_only(monkeypatch: Any) -> None:
+    """Review item 6, at the source: load_level's `_recs` is closed when it returns; a worker still running then
+    (its request held past deadline + timeout + 5 s on the fake clock) adds to the raw records, not to `_recs`."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_bench_load_edges as edges
+
+    timed = edges.Timed
+    timed.SCRIPT, timed.CALLS, timed.CLOCK, timed.STEP, timed.seen_threads = {}, [], edges.Clock(), 5.0, set()
+    timed.RELEASE.clear()
+    monkeypatch.setattr(edges.bench_load, "Client", timed)
+    monkeypatch.setattr(edges.bench_load, "time", timed.CLOCK)
+    timed.SCRIPT = {("POST", "/p"): [(-8, b"")]}
+    timed.HOLD = 0.3  # each thread's one request takes 0.3 s (real), after its level is over
+    timed.CLOCK.main_now = 1.0 + 2.5 + 5.0
+    rec = edges.bench_load.Recorder()
+    try:
+        row = edges.bench_load.load_level(edges.TARGET, "/p", b"{}", 2, 1.0, 0, 2.5, rec)
+    finally:
+        timed.RELEASE.set()
+        for thread in __import__("threading").enumerate():
+            if thread.name.startswith("d3-bench-"):
+                thread.join(5)
+    assert row["errors"] == 2 and row["_recs"] == [] and len(rec.records) == 2

@@ -473,8 +473,13 @@ def load_level(target: dict, path: str, payload: bytes, concurrency: int, durati
     """`concurrency` threads in a closed loop until the deadline (or max_requests sent), their starts spread over the
     first tenth of the level (not in lockstep). A worker never dies silently (whatever it raises is counted as an
     error) and is never waited for longer than the deadline plus one request timeout (one still running then is
-    reported as an error)."""
+    reported as an error). With `rec`, `_recs` is this level's records, those added before it returned: a worker still
+    running then adds its record to `rec` (the raw records) but never to another level's figures (before the
+    statistician's third review closed_levels took the records added since a level began, so a straggler's record
+    landed in the next level's slice)."""
     lock = threading.Lock()
+    mine: list[dict] = []
+    over = [False]
     times: list[float] = []
     errors: list[str] = []
     sent = [0]
@@ -493,9 +498,10 @@ def load_level(target: dict, path: str, payload: bytes, concurrency: int, durati
                     sent[0] += 1
                 wall = time.time()
                 status, data, ms = client.call("POST", path, payload)
-                if rec is not None:
-                    rec.add("closed", status, data, ms, wall, concurrency=concurrency)
+                r = rec.add("closed", status, data, ms, wall, concurrency=concurrency) if rec is not None else None
                 with lock:
+                    if r is not None and not over[0]:
+                        mine.append(r)
                     if status == 200:
                         times.append(ms)
                     else:
@@ -514,11 +520,14 @@ def load_level(target: dict, path: str, payload: bytes, concurrency: int, durati
     stuck = sum(t.is_alive() for t in threads)
     elapsed = time.perf_counter() - begin
     with lock:
+        over[0] = True
         errors += [f"load thread still running {timeout:g} s after the deadline"] * stuck
         ok = len(times)
         row = {"requests": ok + len(errors), "errors": len(errors), "error_examples": sorted(set(errors))[:3],
                "elapsed_s": round(elapsed, 3), "requests_per_s": round(ok / elapsed, 2) if elapsed > 0 else 0.0,
                "_ok": ok, **summary(list(times))}
+        if rec is not None:
+            row["_recs"] = list(mine)
     return row
 
 
@@ -754,10 +763,10 @@ def closed_levels(p: dict, target: dict, payload: bytes, questions: int, rec: Re
         for level in p["concurrency"]:
             warm(p, target, payload)
             sampler = Sampler(target, p["timeout"], p["metrics_path"], time.perf_counter() + p["duration_s"] / 2)
-            first, wall = len(rec.records), time.time()
+            wall = time.time()
             row = load_level(target, p["path"], payload, level, p["duration_s"], p["max_requests"], p["timeout"], rec)
             row.pop("_ok")
-            recs = rec.records[first:]
+            recs = row.pop("_recs")  # its own records only: not a straggler's from the level before
             for r in recs:
                 r["run"] = len(by.get(level, [])) + 1
             by.setdefault(level, []).append((row, sampler.finish(), wall, recs))

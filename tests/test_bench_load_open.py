@@ -391,7 +391,7 @@ def test_repeats_interleave_the_levels_and_keep_each_run(fake: tuple[type[Fake],
 
     def level(target: dict, path: str, payload: bytes, c: int, *rest: Any) -> dict:
         order.append(c)
-        return {"requests": 1, "errors": 0, "error_examples": [], "elapsed_s": 1.0, "_ok": 1}
+        return {"requests": 1, "errors": 0, "error_examples": [], "elapsed_s": 1.0, "_ok": 1, "_recs": []}
 
     monkeypatch.setattr(bench_load, "load_level", level)
     fk.SCRIPT = [(200, b"", 1.0), (200, b'{"version": "v"}', 1.0), (200, ANSWER, 10.0)]
@@ -537,10 +537,10 @@ def test_closed_levels_whole_row_over_two_runs(fake: tuple[type[Fake], Clock], m
     def level(target: dict, path: str, payload: bytes, c: int, duration_s: float, max_requests: int, timeout: float,
               rec: bench_load.Recorder) -> dict:
         run = sum(1 for r in rec.records if r["phase"] == "closed") // len(plan)
-        for sent, ms, status in plan:
-            rec.add("closed", status, ANSWER if status == 200 else b"e", ms, 1.7e9 + sent, concurrency=c)
+        mine = [rec.add("closed", status, ANSWER if status == 200 else b"e", ms, 1.7e9 + sent, concurrency=c)
+                for sent, ms, status in plan]
         return {"requests": 5, "errors": 1, "error_examples": [f"HTTP 50{run}: e", f"HTTP 51{run}: e"], "elapsed_s": 1.23755,
-                "_ok": 4}
+                "_ok": 4, "_recs": mine}
 
     monkeypatch.setattr(bench_load, "load_level", level)
     p = {"repeats": 2, "concurrency": [3], "warmup": 0, "timeout": 7.0, "path": "/p", "metrics_path": "/metrics",

@@ -747,6 +747,11 @@ def scheduler_config_error(batched: int, seqs: int, max_len: int, chunked: bool)
 
 def tensor_parallel_error(config: dict[str, Any], tp: int) -> tuple[str, str, str] | None:
     """What stops a Qwen3.5 model at tensor parallel size tp: (exception, message, where), in vLLM's order.
+    The order of current vLLM: HybridAttentionMambaModelConfig.verify_and_update_config (vllm/model_executor/models/
+    config.py, run by VllmConfig.__post_init__'s try_verify_and_update_config before verify_with_parallel_config) no
+    longer sizes the GDN state ("Block size alignment ... is handled later by Platform.update_block_size_for_backend(),
+    which runs after model layers are constructed"); older vLLM did, and met divide(conv_dim, tp) first
+    (docs/capacity.md).
     - vllm/config/model.py ModelConfig.verify_with_parallel_config: total_num_attention_heads % tensor_parallel_size
       -> ValueError "Total number of attention heads (H) must be divisible by tensor parallel size (T)."
     - building the model: the vision tower first (vllm/model_executor/models/qwen3_5.py,

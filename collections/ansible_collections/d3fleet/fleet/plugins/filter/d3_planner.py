@@ -324,6 +324,10 @@ def resolved_max_num_seqs(given: int | None, batched: int, gpu_total_mib: int) -
 def tp_refusal(text: dict[str, Any], tp: int, vision: dict[str, Any] | None = None) -> str | None:
     """Why vLLM refuses to start a Qwen3.5 hybrid (config.json ``text``, and ``vision``, its vision_config) at tensor
     parallel size ``tp``, in vLLM's words and in the order vLLM meets the checks; None when every split is even.
+    The order is current vLLM's: ``VllmConfig.__post_init__`` (vllm/config/vllm.py) runs ``try_verify_and_update_config``
+    first, but its ``HybridAttentionMambaModelConfig.verify_and_update_config`` (vllm/model_executor/models/config.py)
+    now leaves the GDN state's shape to ``Platform.update_block_size_for_backend``, called after the model is built;
+    in older vLLM it sized the state there, so ``divide(conv_dim, tp)`` came first (docs/capacity.md).
 
     1. ``ModelConfig.verify_with_parallel_config`` (vllm/config/model.py), before any worker: the attention heads.
     2. The vision tower, built before the language model (vllm/model_executor/models/qwen3_5.py,

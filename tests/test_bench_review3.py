@@ -83,6 +83,18 @@ def test_one_side_without_spread_is_not_exactly_known() -> None:
     out = bc.compare(closed([16.0, 16.0]), closed([15.875] * 4 + [16.0]), detect=False)
     d = out["rows"][0]["throughput"][16]
     assert 0.05 < d["p"] < 0.07 and d["changed"] is False and d["test"] == "Welch on log run figures"
+    # a report without windows (no known step): a side without spread sends the figure to the exact permutation
+    # test, whose false-alarm rate is at most alpha at every q too (e6.py as the reviewer ran it: 0.079 before)
+    p = {}
+    for j1 in range(3):
+        for j2 in range(6):
+            d = bc.run_level([16.0] * (2 - j1) + [15.875] * j1, [16.0] * (5 - j2) + [15.875] * j2)
+            p[(j1, j2)] = None if d.get("untestable") else d["p"]
+            assert d["test"] == "exact permutation on log run figures" or (0 < j1 < 2 and 0 < j2 < 5)
+    for q in [i / 100 for i in range(1, 100)]:
+        rate = sum(math.comb(2, j1) * q**j1 * (1 - q) ** (2 - j1) * math.comb(5, j2) * q**j2 * (1 - q) ** (5 - j2)
+                   for (j1, j2), pv in p.items() if pv is not None and pv <= 0.05)
+        assert rate <= 0.05, (q, rate)
     # and the detectable ratio exists where both sides' runs sit on one step (the rounding variance alone)
     d = bc.compare(closed([16.0] * 5), closed([16.0] * 5))["rows"][0]["throughput"][16]
     assert d["p"] == 1.0 and d["detectable"] is not None and 1.0 < d["detectable"] < 1.02

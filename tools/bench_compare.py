@@ -120,7 +120,8 @@ def run_level(old: list[float], new: list[float], step: float | None = None, alp
     fewer than 2 runs a side, no test: `single`. compare() adds the interval at the verdict's adjusted level and the
     smallest detectable ratio. `step`: the figure's quantization step (closed-loop requests/s: 1/window), whose
     rounding variance (Sheppard's, on the log scale at each side's mean: `rounding`) is added to each side's spread.
-    Every run identical on both sides and no step: Welch has no standard error; the exact permutation test of the
+    Every run identical on a side and no step: Welch has no standard error, or takes that side as exactly known
+    (its false-alarm rate above alpha: third review item 2); the exact permutation test of the
     log run figures is run instead (`test` says so; no interval), kept in the family when it can reject at `alpha`
     (its smallest attainable p, 2 / C(10, 5) = 0.0079 at 5 + 5 runs, 1 / C(7, 2) = 0.048 at 2 + 5, is at most alpha),
     else `untestable` (2 + 2 runs: at least 0.33)."""
@@ -134,7 +135,10 @@ def run_level(old: list[float], new: list[float], step: float | None = None, alp
     test = st.welch(*logs, rounding=tuple(out.get("rounding") or (0.0, 0.0)))
     if test is None:
         return {**out, "single": True, "p": None}
-    if test.get("untestable"):  # zero spread on both sides, no step: the exact permutation test instead
+    flat = [len(set(side)) == 1 for side in logs]
+    if test.get("untestable") or (any(flat) and not out.get("rounding")):
+        # zero spread on a side and no known step (a report without windows; latency): that side would count as
+        # exactly known (third review item 2), so the exact permutation test instead
         perm = st.permutation_test(*logs)
         out.update({"single": False, "test": "exact permutation on log run figures", "ratio": math.exp(test["diff"]),
                     "p": perm["p"], "min_p": perm["min_p"]})

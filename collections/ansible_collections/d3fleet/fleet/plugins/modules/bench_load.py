@@ -34,7 +34,7 @@ description:
     did not drive (sent under 95 % of the offered rate over its sending time, or a 99th percentile lag - the
     dispatcher's start of a request's thread after its intended time - of max(1 ms, 5 % of the mean gap 1/rate) or
     more) is C(driven=false), with the reason. Requests never sent that were due in the window count in the latency
-    from the schedule as censored at the window's end, and so do requests that failed (timeouts, errors: no answer
+    from the schedule as censored at the window's end, and so do requests that failed (timeouts, errors; no answer
     by then; at the time they spent if longer); a percentile that reaches them is listed in C(lower_bound). The latency
     from the send is that of the answered requests (HTTP 200) alone; failures are counted in C(errors).
   - Per level - requests/s, questions/s, input tokens/s (the answers' C(usage.input_tokens)), goodput (answers

@@ -1,0 +1,59 @@
+"""The DOCUMENTATION, EXAMPLES and RETURN strings of every module and plugin of the collection parse as YAML mappings.
+
+ansible-doc (tests/test_collection_docs.py, the playbook tier) and ansible-lint find a broken block only in the
+slower tiers; twice a colon followed by a space inside a plain scalar turned a sentence into a mapping key and the
+whole documentation unparsable (d3_image's lookup task, then bench_load's DOCUMENTATION). This reads the same strings
+with PyYAML, the parser both use, without starting Ansible: the quick tier catches it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGINS = ROOT / "collections/ansible_collections/d3fleet/fleet/plugins"
+BLOCKS = ("DOCUMENTATION", "EXAMPLES", "RETURN")
+
+
+def doc_blocks(path: Path) -> dict[str, str]:
+    """The module-level string assignments named in BLOCKS (what ansible-doc reads without importing the file)."""
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id in BLOCKS:
+                    out[target.id] = node.value.value
+    return out
+
+
+FILES = sorted(p for p in PLUGINS.rglob("*.py") if doc_blocks(p))
+
+
+def test_the_collection_has_documented_plugins() -> None:
+    assert len(FILES) >= 5, FILES
+    assert any(p.name == "bench_load.py" for p in FILES)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(PLUGINS)))
+def test_every_documentation_block_parses(path: Path) -> None:
+    for name, text in doc_blocks(path).items():
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            pytest.fail(f"{path.relative_to(ROOT)}: {name} is not valid YAML: {exc}")
+        # EXAMPLES is a list of tasks or a mapping; the other two are mappings (an empty RETURN may be None)
+        if name == "DOCUMENTATION":
+            assert isinstance(data, dict) and data, f"{path.relative_to(ROOT)}: DOCUMENTATION is not a mapping"
+        if name == "RETURN" and data is not None:
+            assert isinstance(data, dict), f"{path.relative_to(ROOT)}: RETURN is not a mapping"
+
+
+def test_a_colon_in_a_sentence_is_caught(tmp_path: Path) -> None:
+    """The check fails on the mistake it exists for (a sentence with ': ' in a plain scalar)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text('DOCUMENTATION = r"""\nmodule: x\ndescription:\n  - so do requests that\n    failed (timeouts, errors: no answer)\n"""\n')
+    with pytest.raises(yaml.YAMLError):
+        yaml.safe_load(doc_blocks(bad)["DOCUMENTATION"])

@@ -54,6 +54,7 @@ def test_every_documentation_block_parses(path: Path) -> None:
 def test_a_colon_in_a_sentence_is_caught(tmp_path: Path) -> None:
     """The check fails on the mistake it exists for (a sentence with ': ' in a plain scalar)."""
     bad = tmp_path / "bad.py"
-    bad.write_text('DOCUMENTATION = r"""\nmodule: x\ndescription:\n  - so do requests that\n    failed (timeouts, errors: no answer)\n"""\n')
+    doc = "module: x\ndescription:\n  - so do requests that\n    failed (timeouts, errors: no answer)\n"
+    bad.write_text(f'DOCUMENTATION = r"""\n{doc}"""\n')
     with pytest.raises(yaml.YAMLError):
         yaml.safe_load(doc_blocks(bad)["DOCUMENTATION"])

@@ -208,18 +208,9 @@ def test_rates_count_the_completions_in_the_window(c: int, latency_s: float) -> 
     assert got == pytest.approx(c / latency_s, rel=0.02)
 
 
-def test_closed_levels_pool_the_completions_of_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """closed_levels' pooled rate over its runs counts the completions in each run's window too: 16 threads at 1 s,
-    2 runs of 10 s: 16/s (the fake clock: load_level returns records, time.time() the run's start)."""
-    bl = bench_load_module()
-    walls = iter([1000.0, 2000.0])
-    now = {"wall": 0.0}
-
-    def load_level(target: Any, path: Any, payload: Any, level: int, duration_s: float, *rest: Any) -> dict:
-        rec = rest[-1]
-        recs = closed_loop_records(level, 1.0, now["wall"], duration_s, seed=int(now["wall"]))
-        rec.records.extend(recs)
-        return {"requests": len(recs), "errors": 0, "elapsed_s": duration_s, "_ok": [], "_recs": recs}
+def fake_closed_run(monkeypatch: pytest.MonkeyPatch, bl: Any, now: dict, walls: Any, load_level: Any) -> None:
+    """closed_levels on a fake clock: no warm-up, no /metrics sampler, ``load_level`` as given, time.time() the next
+    of ``walls`` (kept in ``now["wall"]`` for load_level), perf_counter 0."""
 
     class Sampler:
         def __init__(self, *args: Any) -> None:
@@ -236,6 +227,22 @@ def test_closed_levels_pool_the_completions_of_every_run(monkeypatch: pytest.Mon
     monkeypatch.setattr(bl, "Sampler", Sampler)
     monkeypatch.setattr(bl, "load_level", load_level)
     monkeypatch.setattr(bl, "time", type("T", (), {"time": staticmethod(wall), "perf_counter": staticmethod(lambda: 0.0)}))
+
+
+def test_closed_levels_pool_the_completions_of_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """closed_levels' pooled rate over its runs counts the completions in each run's window too: 16 threads at 1 s,
+    2 runs of 10 s: 16/s (the fake clock: load_level returns records, time.time() the run's start)."""
+    bl = bench_load_module()
+    walls = iter([1000.0, 2000.0])
+    now = {"wall": 0.0}
+
+    def load_level(target: Any, path: Any, payload: Any, level: int, duration_s: float, *rest: Any) -> dict:
+        rec = rest[-1]
+        recs = closed_loop_records(level, 1.0, now["wall"], duration_s, seed=int(now["wall"]))
+        rec.records.extend(recs)
+        return {"requests": len(recs), "errors": 0, "elapsed_s": duration_s, "_ok": [], "_recs": recs}
+
+    fake_closed_run(monkeypatch, bl, now, walls, load_level)
     p = {"repeats": 2, "concurrency": [16], "duration_s": 10.0, "max_requests": 0, "timeout": 60.0, "path": "/",
          "metrics_path": "", "slo_ms": 0.0}
     (level,) = bl.closed_levels(p, {"url": "x"}, b"{}", 4, bl.Recorder())

@@ -177,7 +177,7 @@ def test_a_late_closed_loop_record_counts_in_its_own_level_only(monkeypatch: Any
     from ansible_collections.d3fleet.fleet.plugins.modules import bench_load as bl
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_bench_review2 import closed_loop_records
+    from test_bench_review2 import closed_loop_records, fake_closed_run
 
     walls = iter([1000.0, 2000.0])
     now = {"wall": 0.0}
@@ -190,21 +190,7 @@ def test_a_late_closed_loop_record_counts_in_its_own_level_only(monkeypatch: Any
         rec.records.extend(recs)
         return {"requests": len(recs), "errors": 0, "elapsed_s": duration_s, "_ok": [], "_recs": recs}
 
-    class Sampler:
-        def __init__(self, *args: Any) -> None:
-            pass
-
-        def finish(self) -> dict:
-            return {}
-
-    def wall() -> float:
-        now["wall"] = next(walls)
-        return now["wall"]
-
-    monkeypatch.setattr(bl, "warm", lambda *a: None)
-    monkeypatch.setattr(bl, "Sampler", Sampler)
-    monkeypatch.setattr(bl, "load_level", load_level)
-    monkeypatch.setattr(bl, "time", type("T", (), {"time": staticmethod(wall), "perf_counter": staticmethod(lambda: 0.0)}))
+    fake_closed_run(monkeypatch, bl, now, walls, load_level)
     p = {"repeats": 1, "concurrency": [4, 8], "duration_s": 10.0, "max_requests": 0, "timeout": 60.0, "path": "/",
          "metrics_path": "", "slo_ms": 0.0}
     rec = bl.Recorder()

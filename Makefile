@@ -145,44 +145,47 @@ bench-compare: venv
 
 # The whole suite. The rollout tests need 3 lab hosts.
 TEST_LAB_HOSTS ?= 3
-# The lab comes up (cold: debootstrap, image builds: mostly network and disk) while lint and the unit tests run; the
-# output of each is printed whole when it ends (--output-sync).
-# Each part's wall time goes to build/timing.tsv (`.ci/run` prints it with the slowest tests: tools/ci_report.py).
-# Two phases of two parts each: the unit tests beside the lab build; then the fleet's lab tests (the longest part)
-# beside lint, the standalone lab tests and molecule (each waits more than it computes; molecule uses its own
-# d3-mol-* hosts and ports).
+# Two lanes at once (make -j2), each part's output printed whole when it ends (--output-sync):
+# - the fleet lane, the longest: `make lab LAB_HOSTS=3` (cold: debootstrap and image builds, mostly network and disk),
+#   then the fleet's lab tests (they wait for decisions, drains and cold starts about half the time);
+# - the other lane, in that idle time: the unit tier, lint, then (once the lab is up: the lab line of the timing file)
+#   `make ee` (its base image is the lab's), the standalone lab tests and molecule (each waits more than it computes;
+#   molecule uses its own d3-mol-* hosts and ports). tests/lab/test_ee.py, in the fleet lane, waits for the ee line.
+# Each part's wall time and exit status go to build/timing.tsv (`.ci/run` prints it with the slowest tests:
+# tools/ci_report.py); every part of the other lane runs even when one before it failed, the first failure is its status.
 test: venv
 	rm -f $(TIMING) $(BUILD)/junit-*.xml
-	$(MAKE) -j2 --output-sync=target test-unit test-lab-up
-	$(MAKE) -j2 --output-sync=target test-lab-fleet test-beside
+	$(MAKE) -j2 --output-sync=target test-lane-fleet test-lane-other
 
-.PHONY: test-unit test-lab-up test-lab-fleet test-beside
-test-unit: venv
-	$(call timed,unit,$(MAKE) -j1 unit)
-
-test-lab-fleet: venv
-	$(call timed,lab-fleet,$(MAKE) -j1 lab-tests-fleet)
-
-# every part runs even when one before it failed; the first failure is the status
-test-beside: venv
-	rc=0; \
-	( $(call timed,lint,$(MAKE) -j1 lint) ) || rc=$$?; \
-	( $(call timed,lab-alone,$(MAKE) -j1 lab-tests-standalone) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	( $(call timed,molecule,$(MAKE) -j1 molecule-run) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	exit $$rc
-
-# the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes; then the
-# execution environment image that tests/lab/test_ee.py runs site.yml in (both beside lint + unit: the lab build and
-# ee together take about as long as they do)
-test-lab-up: venv
+.PHONY: test-lane-fleet test-lane-other
+# the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes
+test-lane-fleet: venv
 	$(call timed,lab,ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 \
 	  $(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS))
-	$(call timed,ee,$(MAKE) -j1 ee)
+	$(call timed,lab-fleet,D3_EE_TIMING=$(abspath $(TIMING)) $(MAKE) -j1 lab-tests-fleet)
+
+test-lane-other: venv
+	rc=0; \
+	( $(call timed,unit,$(MAKE) -j1 unit) ) || rc=$$?; \
+	( $(call timed,lint,$(MAKE) -j1 lint) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	if ( $(call await,lab,3600) ); then \
+	  ( $(call timed,ee,$(MAKE) -j1 ee) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	  ( $(call timed,lab-alone,$(MAKE) -j1 lab-tests-standalone) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	  ( $(call timed,molecule,$(MAKE) -j1 molecule-run) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	else echo "make test: no lab, so no ee, lab-alone or molecule"; [ $$rc -ne 0 ] || rc=1; fi; \
+	exit $$rc
 
 # $(call timed,NAME,COMMAND): run COMMAND; append "NAME<TAB>seconds<TAB>exit status" to $(TIMING); keep its status.
 TIMING := $(BUILD)/timing.tsv
 timed = mkdir -p $(BUILD); start=$$(date +%s); $(2); rc=$$?; \
 	printf '%s\t%s\t%s\n' '$(1)' "$$(( $$(date +%s) - start ))" "$$rc" >> $(TIMING); exit $$rc
+# $(call await,NAME,SECONDS): wait (polling, at most SECONDS) until the other lane has written part NAME's line to
+# $(TIMING); succeed only when that part succeeded.
+await = deadline=$$(( $$(date +%s) + $(2) )); \
+	until grep -q '^$(1)	' $(TIMING) 2>/dev/null; do \
+	  [ $$(date +%s) -lt $$deadline ] || { echo "make test: no $(1) line in $(TIMING) after $(2) s"; exit 1; }; \
+	  sleep 2; done; \
+	grep -q '^$(1)	[0-9]*	0$$' $(TIMING)
 
 # Mutation testing (not part of make test): stages the sources in .venv/mutation/, see tools/mutation.py.
 $(VENV)/.mutation-installed: $(VENV)/.installed requirements-mutation.txt

@@ -160,7 +160,7 @@ test: venv
 .PHONY: test-lane-fleet test-lane-other
 # the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes
 test-lane-fleet: venv
-	$(call timed,lab,ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 \
+	$(call timed,lab,ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks,d3fleet.fleet.preload PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 \
 	  $(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS))
 	$(call timed,lab-fleet,D3_EE_TIMING=$(abspath $(TIMING)) $(MAKE) -j1 lab-tests-fleet)
 

@@ -76,7 +76,7 @@ fi
 
 export ANSIBLE_STDOUT_CALLBACK=d3fleet.fleet.fleet
 if [ "$profile" = 1 ]; then
-  export ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=25
+  export ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks,d3fleet.fleet.preload PROFILE_TASKS_TASK_OUTPUT_LIMIT=25
 fi
 say "make demo ($mode), every line timed into $out/$mode.log"
 rc_file=$out/$mode.rc

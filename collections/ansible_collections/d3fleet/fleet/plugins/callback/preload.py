@@ -1,0 +1,64 @@
+# d3fleet.fleet.preload: import the collection's filter plugins once, in the controller, before Ansible forks.
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: preload
+type: aggregate
+short_description: Import the collection's filter plugins once in the controller, before Ansible forks its workers
+description:
+  - Prints nothing and changes no result. When Ansible loads it (at the start of a run, in the controller process),
+    it imports every filter plugin of C(d3fleet.fleet) (and the module_utils they import), so that the worker
+    process Ansible forks for each task and host inherits them instead of loading them again.
+  - Why - ansible-core loads a collection's Python plugins through its collection loader, which compiles their
+    source in every process that uses them (C(ansible/utils/collection_loader/_collection_finder.py),
+    C(_AnsibleCollectionPkgLoaderBase.get_code); no bytecode cache), and a lookup of one filter by name loads the
+    collection's filter files one after the other until one has it (C(ansible/plugins/loader.py),
+    C(Jinja2Loader.get_with_context)). Without this plugin every task that calls a C(d3fleet.fleet) filter compiled
+    several thousand lines of Python in its worker (about a fifth of the controller's CPU in a C(site.yml) run on
+    the lab, measured with py-spy, docs/testing.md). Both lookups reuse a module already in C(sys.modules)
+    (C(PluginLoader._load_module_source)).
+  - A filter file that fails to import is left alone here; the task that uses it reports the error as usual.
+author: d3-fleet
+version_added: 1.0.0
+requirements:
+  - enabled in ansible.cfg (C(callbacks_enabled = d3fleet.fleet.preload); the project's ansible.cfg does)
+"""
+
+EXAMPLES = r"""
+# ansible.cfg
+#   [defaults]
+#   callbacks_enabled = d3fleet.fleet.preload
+"""
+
+import importlib
+import pkgutil
+
+from ansible.plugins.callback import CallbackBase
+
+FILTERS = "ansible_collections.d3fleet.fleet.plugins.filter"
+
+
+def preload(package: str = FILTERS) -> list[str]:
+    """Import every module of ``package`` (a collection's plugin package); the names imported, in the package's order
+    (pkgutil's: by name). A module that fails to import is skipped: Ansible reports it where a task uses it."""
+    done = []
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__, prefix=package + "."):
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # the task that uses the filter reports it, with Ansible's own message
+            continue
+        done.append(info.name)
+    return done
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "d3fleet.fleet.preload"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.preloaded = preload()

@@ -1,0 +1,81 @@
+"""The callback d3fleet.fleet.preload: every filter file of the collection imported in the controller before Ansible
+forks its workers (a worker compiles a collection's Python otherwise: the plugin's DOCUMENTATION says where). What it
+saves is measured in docs/testing.md, not asserted here. Each check runs in a fresh Python (the import state is what is
+under test)."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COLLECTION = ROOT / "collections/ansible_collections/d3fleet/fleet"
+CALLBACKS = COLLECTION / "plugins/callback"
+FILTERS = "ansible_collections.d3fleet.fleet.plugins.filter"
+
+
+def fresh_python(code: str, *paths: Path) -> object:
+    """Run ``code`` in a new interpreter with the collection root and the callback directory (and ``paths``) first on
+    sys.path; what it prints last, as JSON."""
+    prelude = f"import json, sys\nsys.path[:0] = {[str(ROOT / 'collections'), str(CALLBACKS), *map(str, paths)]!r}\n"
+    proc = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def filter_modules() -> list[str]:
+    return sorted(f"{FILTERS}.{p.stem}" for p in (COLLECTION / "plugins/filter").glob("*.py") if p.stem != "__init__")
+
+
+def test_the_callback_imports_every_filter_file_of_the_collection_in_the_controller() -> None:
+    """Constructing the callback (what Ansible does in the controller at the start of a run) leaves every filter file
+    in sys.modules under the name Ansible's plugin loader looks for, and the module_utils they import with them."""
+    got = fresh_python(
+        "import preload\n"
+        f"before = sorted(n for n in sys.modules if n.startswith({FILTERS!r} + '.'))\n"
+        "cb = preload.CallbackModule()\n"
+        "mods = sorted(n for n in sys.modules if n.startswith('ansible_collections.d3fleet.fleet.plugins.'))\n"
+        "print(json.dumps([before, cb.preloaded, mods]))\n"
+    )
+    before, preloaded, modules = got  # type: ignore[misc]
+    assert before == []
+    assert preloaded == filter_modules() and len(preloaded) >= 10
+    assert set(filter_modules()) <= set(modules)
+    assert "ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats" in modules  # d3_bench.py's import
+
+
+def test_a_file_that_fails_to_import_is_left_to_the_task_that_uses_it(tmp_path: Path) -> None:
+    """A broken file is skipped (the task that calls its filter gets Ansible's own error), the others still load."""
+    pkg = tmp_path / "d3preload_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a_broken.py").write_text("raise ImportError('a broken filter file')\n")
+    (pkg / "b_good.py").write_text("VALUE = 1\n")
+    (pkg / "c_good.py").write_text("VALUE = 2\n")
+    got = fresh_python(
+        "import preload\n"
+        "names = preload.preload('d3preload_pkg')\n"
+        "print(json.dumps([names, sorted(n for n in sys.modules if n.startswith('d3preload_pkg.'))]))\n",
+        tmp_path,
+    )
+    assert got == [["d3preload_pkg.b_good", "d3preload_pkg.c_good"], ["d3preload_pkg.b_good", "d3preload_pkg.c_good"]]
+
+
+def test_it_is_an_aggregate_callback_that_must_be_enabled_and_the_project_enables_it() -> None:
+    """Opt-in (it is not a stdout callback and does nothing unless enabled), and enabled where this project runs
+    Ansible: ansible.cfg (the lab, the tests, AWX and the EE read it) and molecule's generated configuration."""
+    got = fresh_python(
+        "import preload\nc = preload.CallbackModule\n"
+        "print(json.dumps([c.CALLBACK_TYPE, c.CALLBACK_NAME, c.CALLBACK_NEEDS_ENABLED, c.CALLBACK_VERSION]))\n"
+    )
+    assert got == ["aggregate", "d3fleet.fleet.preload", True, 2.0]
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "ansible.cfg")
+    assert "d3fleet.fleet.preload" in [c.strip() for c in cfg["defaults"]["callbacks_enabled"].split(",")]
+    molecule = yaml.safe_load((ROOT / "molecule/default/molecule.yml").read_text())
+    assert molecule["provisioner"]["config_options"]["defaults"]["callbacks_enabled"] == "d3fleet.fleet.preload"

@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+from testkit import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[1]
 COLLECTION = ROOT / "collections/ansible_collections/d3fleet/fleet"
@@ -50,20 +52,22 @@ def test_the_callback_imports_every_filter_file_of_the_collection_in_the_control
 
 
 def test_a_file_that_fails_to_import_is_left_to_the_task_that_uses_it(tmp_path: Path) -> None:
-    """A broken file is skipped (the task that calls its filter gets Ansible's own error), the others still load."""
+    """A broken file (an exception, SystemExit) is skipped (the task that calls its filter gets Ansible's own error),
+    the others still load."""
     pkg = tmp_path / "d3preload_pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a_broken.py").write_text("raise ImportError('a broken filter file')\n")
     (pkg / "b_good.py").write_text("VALUE = 1\n")
-    (pkg / "c_good.py").write_text("VALUE = 2\n")
+    (pkg / "c_exits.py").write_text("raise SystemExit(3)\n")  # would end ansible-playbook with no message
+    (pkg / "d_good.py").write_text("VALUE = 2\n")
     got = fresh_python(
         "import preload\n"
         "names = preload.preload('d3preload_pkg')\n"
         "print(json.dumps([names, sorted(n for n in sys.modules if n.startswith('d3preload_pkg.'))]))\n",
         tmp_path,
     )
-    assert got == [["d3preload_pkg.b_good", "d3preload_pkg.c_good"], ["d3preload_pkg.b_good", "d3preload_pkg.c_good"]]
+    assert got == [["d3preload_pkg.b_good", "d3preload_pkg.d_good"], ["d3preload_pkg.b_good", "d3preload_pkg.d_good"]]
 
 
 def test_it_is_an_aggregate_callback_that_must_be_enabled_and_the_project_enables_it() -> None:
@@ -79,3 +83,41 @@ def test_it_is_an_aggregate_callback_that_must_be_enabled_and_the_project_enable
     assert "d3fleet.fleet.preload" in [c.strip() for c in cfg["defaults"]["callbacks_enabled"].split(",")]
     molecule = yaml.safe_load((ROOT / "molecule/default/molecule.yml").read_text())
     assert molecule["provisioner"]["config_options"]["defaults"]["callbacks_enabled"] == "d3fleet.fleet.preload"
+
+
+PROBE = """
+import sys
+
+
+def loaded(_input):
+    return sorted(n for n in sys.modules if n.startswith("FILTERS."))
+
+
+class FilterModule:
+    def filters(self):
+        return {"d3_preload_probe": loaded}
+""".replace("FILTERS", FILTERS)
+
+
+@pytest.mark.playbook
+def test_a_worker_finds_every_filter_file_imported_before_it_calls_one(tmp_path: Path) -> None:
+    """Through ansible-playbook with the project's ansible.cfg: a task whose only filter is a probe outside the
+    collection (it loads none of the collection's files) sees every d3fleet filter file in its worker's sys.modules,
+    inherited from the controller; with the callback list replaced by another (ANSIBLE_CALLBACKS_ENABLED), none."""
+    (tmp_path / "filter_plugins").mkdir()
+    (tmp_path / "filter_plugins/probe.py").write_text(PROBE)
+    (tmp_path / "play.yml").write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.debug: {msg: \"{{ 0 | d3_preload_probe }}\"}\n"
+    )
+
+    def worker_saw(**env: str) -> list[str]:
+        proc = ansible_playbook(str(tmp_path / "play.yml"), "-i", "localhost,", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+                                ANSIBLE_FILTER_PLUGINS=str(tmp_path / "filter_plugins"), **env)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        # the json callback's report (ansible.posix.timer prints its line after it)
+        report, _ = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index("{") :])
+        return report["plays"][0]["tasks"][0]["hosts"]["localhost"]["msg"]
+
+    assert worker_saw() == filter_modules()
+    assert worker_saw(ANSIBLE_CALLBACKS_ENABLED="ansible.posix.timer") == []

@@ -11,15 +11,19 @@ description:
   - Prints nothing and changes no result. When Ansible loads it (at the start of a run, in the controller process),
     it imports every filter plugin of C(d3fleet.fleet) (and the module_utils they import), so that the worker
     process Ansible forks for each task and host inherits them instead of loading them again.
-  - Why - ansible-core loads a collection's Python plugins through its collection loader, which compiles their
-    source in every process that uses them (C(ansible/utils/collection_loader/_collection_finder.py),
-    C(_AnsibleCollectionPkgLoaderBase.get_code); no bytecode cache), and a lookup of one filter by name loads the
-    collection's filter files one after the other until one has it (C(ansible/plugins/loader.py),
-    C(Jinja2Loader.get_with_context)). Without this plugin every task that calls a C(d3fleet.fleet) filter compiled
-    several thousand lines of Python in its worker (about a fifth of the controller's CPU in a C(site.yml) run on
-    the lab, measured with py-spy, docs/testing.md). Both lookups reuse a module already in C(sys.modules)
-    (C(PluginLoader._load_module_source)).
-  - A filter file that fails to import is left alone here; the task that uses it reports the error as usual.
+  - Why - a lookup of one filter by name loads the collection's filter files one after the other until one has it
+    (C(ansible/plugins/loader.py), C(Jinja2Loader.get_with_context)), in the worker, and the filter files import
+    each other and the collection's module_utils through ansible-core's collection loader, which compiles their
+    source in every process (C(ansible/utils/collection_loader/_collection_finder.py),
+    C(_AnsibleCollectionPkgLoaderBase.get_code); no bytecode cache; the files the plugin loader opens itself go
+    through C(spec_from_file_location), which uses one where Python may write it). Both reuse a module already in
+    C(sys.modules) (C(PluginLoader._load_module_source)). In a C(site.yml) run on the lab about a fifth of the
+    controller's CPU went there (py-spy, docs/testing.md).
+  - A filter file that fails to import (an exception, or C(SystemExit)) is left alone here; the task that uses it
+    reports the error as usual. A run that never calls a C(d3fleet.fleet) filter pays the import once, about
+    0.1 s of the controller's CPU.
+  - Enabled through C(callbacks_enabled); an C(ANSIBLE_CALLBACKS_ENABLED) environment variable replaces that list, so
+    a setting that must keep this plugin names it too (the Makefile's lab build does).
 author: d3-fleet
 version_added: 1.0.0
 requirements:
@@ -47,7 +51,7 @@ def preload(package: str = FILTERS) -> list[str]:
     for info in pkgutil.iter_modules(importlib.import_module(package).__path__, prefix=package + "."):
         try:
             importlib.import_module(info.name)
-        except Exception:  # the task that uses the filter reports it, with Ansible's own message
+        except (Exception, SystemExit):  # the task that uses the filter reports it, with Ansible's own message
             continue
         done.append(info.name)
     return done

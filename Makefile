@@ -151,6 +151,9 @@ TEST_LAB_HOSTS ?= 3
 # - the other lane, in that idle time: the unit tier, lint, then (once the lab is up: the lab line of the timing file)
 #   `make ee` (its base image is the lab's), the standalone lab tests and molecule (each waits more than it computes;
 #   molecule uses its own d3-mol-* hosts and ports). tests/lab/test_ee.py, in the fleet lane, waits for the ee line.
+#   lint, ee and molecule (every process they start, molecule's hosts included) run at nice 10 ($(LOW)): the fleet
+#   lane gets most of the CPU when both want it. The unit tier and the standalone lab tests keep the normal priority:
+#   some of their tests time real requests (the load generator, the simulator's concurrent starts).
 # Each part's wall time and exit status go to build/timing.tsv (`.ci/run` prints it with the slowest tests:
 # tools/ci_report.py); every part of the other lane runs even when one before it failed, the first failure is its status.
 test: venv
@@ -161,6 +164,7 @@ test: venv
 # the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes
 # (in a variable: a comma inside $(call ...) would split the argument)
 LAB_CALLBACKS := ansible.posix.profile_tasks,d3fleet.fleet.preload
+LOW := nice -n 10
 test-lane-fleet: venv
 	$(call timed,lab,ANSIBLE_CALLBACKS_ENABLED=$(LAB_CALLBACKS) PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 \
 	  $(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS))
@@ -169,11 +173,11 @@ test-lane-fleet: venv
 test-lane-other: venv
 	rc=0; \
 	( $(call timed,unit,$(MAKE) -j1 unit) ) || rc=$$?; \
-	( $(call timed,lint,$(MAKE) -j1 lint) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	( $(call timed,lint,$(LOW) $(MAKE) -j1 lint) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
 	if ( $(call await,lab,3600) ); then \
-	  ( $(call timed,ee,$(MAKE) -j1 ee) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	  ( $(call timed,ee,$(LOW) $(MAKE) -j1 ee) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
 	  ( $(call timed,lab-alone,$(MAKE) -j1 lab-tests-standalone) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	  ( $(call timed,molecule,$(MAKE) -j1 molecule-run) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	  ( $(call timed,molecule,$(LOW) $(MAKE) -j1 molecule-run) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
 	else echo "make test: no lab, so no ee, lab-alone or molecule"; [ $$rc -ne 0 ] || rc=1; fi; \
 	exit $$rc
 

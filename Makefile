@@ -145,53 +145,49 @@ bench-compare: venv
 
 # The whole suite. The rollout tests need 3 lab hosts.
 TEST_LAB_HOSTS ?= 3
-# Two lanes at once (make -j2), each part's output printed whole when it ends (--output-sync):
-# - the fleet lane, the longest: `make lab LAB_HOSTS=3` (cold: debootstrap and image builds, mostly network and disk),
-#   then the fleet's lab tests (they wait for decisions, drains and cold starts about half the time);
-# - the other lane, in that idle time: the unit tier, lint, then (once the lab is up: the lab line of the timing file)
-#   `make ee` (its base image is the lab's), the standalone lab tests and molecule (each waits more than it computes;
-#   molecule uses its own d3-mol-* hosts and ports). tests/lab/test_ee.py, in the fleet lane, waits for the ee line.
-#   lint, ee and molecule (every process they start, molecule's hosts included) run at nice 10 ($(LOW)): the fleet
-#   lane gets most of the CPU when both want it. The unit tier and the standalone lab tests keep the normal priority:
-#   some of their tests time real requests (the load generator, the simulator's concurrent starts).
-# Each part's wall time and exit status go to build/timing.tsv (`.ci/run` prints it with the slowest tests:
-# tools/ci_report.py); every part of the other lane runs even when one before it failed, the first failure is its status.
+# The lab comes up (cold: debootstrap, image builds: mostly network and disk) while lint and the unit tests run; the
+# output of each is printed whole when it ends (--output-sync).
+# Each part's wall time goes to build/timing.tsv (`.ci/run` prints it with the slowest tests: tools/ci_report.py).
+# Two phases of two parts each: the unit tests beside the lab build; then the fleet's lab tests (the longest part)
+# beside lint, the standalone lab tests and molecule (each waits more than it computes; molecule uses its own
+# d3-mol-* hosts and ports).
 test: venv
 	rm -f $(TIMING) $(BUILD)/junit-*.xml
-	$(MAKE) -j2 --output-sync=target test-lane-fleet test-lane-other
+	$(MAKE) -j2 --output-sync=target test-unit test-lab-up
+	$(MAKE) -j2 --output-sync=target test-lab-fleet test-beside
 
-.PHONY: test-lane-fleet test-lane-other
-# the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes
-# (in a variable: a comma inside $(call ...) would split the argument)
+.PHONY: test-unit test-lab-up test-lab-fleet test-beside
+test-unit: venv
+	$(call timed,unit,$(MAKE) -j1 unit)
+
+test-lab-fleet: venv
+	$(call timed,lab-fleet,$(MAKE) -j1 lab-tests-fleet)
+
+# every part runs even when one before it failed; the first failure is the status. lint and molecule (every process
+# they start, molecule's hosts included) run at nice 10 ($(LOW)): the fleet's tests, the longest part, get most of the
+# CPU when both want it; the standalone lab tests keep the normal priority (some time real requests).
+test-beside: venv
+	rc=0; \
+	( $(call timed,lint,$(LOW) $(MAKE) -j1 lint) ) || rc=$$?; \
+	( $(call timed,lab-alone,$(MAKE) -j1 lab-tests-standalone) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	( $(call timed,molecule,$(LOW) $(MAKE) -j1 molecule-run) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	exit $$rc
+
+# the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes; then the
+# execution environment image that tests/lab/test_ee.py runs site.yml in (both beside lint + unit: the lab build and
+# ee together take about as long as they do); the callback list in a variable: a comma inside $(call ...) would split
+# the argument
 LAB_CALLBACKS := ansible.posix.profile_tasks,d3fleet.fleet.preload
 LOW := nice -n 10
-test-lane-fleet: venv
+test-lab-up: venv
 	$(call timed,lab,ANSIBLE_CALLBACKS_ENABLED=$(LAB_CALLBACKS) PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 \
 	  $(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS))
-	$(call timed,lab-fleet,D3_EE_TIMING=$(abspath $(TIMING)) $(MAKE) -j1 lab-tests-fleet)
-
-test-lane-other: venv
-	rc=0; \
-	( $(call timed,unit,$(MAKE) -j1 unit) ) || rc=$$?; \
-	( $(call timed,lint,$(LOW) $(MAKE) -j1 lint) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	if ( $(call await,lab,3600) ); then \
-	  ( $(call timed,ee,$(LOW) $(MAKE) -j1 ee) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	  ( $(call timed,lab-alone,$(MAKE) -j1 lab-tests-standalone) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	  ( $(call timed,molecule,$(LOW) $(MAKE) -j1 molecule-run) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	else echo "make test: no lab, so no ee, lab-alone or molecule"; [ $$rc -ne 0 ] || rc=1; fi; \
-	exit $$rc
+	$(call timed,ee,$(MAKE) -j1 ee)
 
 # $(call timed,NAME,COMMAND): run COMMAND; append "NAME<TAB>seconds<TAB>exit status" to $(TIMING); keep its status.
 TIMING := $(BUILD)/timing.tsv
 timed = mkdir -p $(BUILD); start=$$(date +%s); $(2); rc=$$?; \
 	printf '%s\t%s\t%s\n' '$(1)' "$$(( $$(date +%s) - start ))" "$$rc" >> $(TIMING); exit $$rc
-# $(call await,NAME,SECONDS): wait (polling, at most SECONDS) until the other lane has written part NAME's line to
-# $(TIMING); succeed only when that part succeeded.
-await = deadline=$$(( $$(date +%s) + $(2) )); \
-	until grep -q '^$(1)	' $(TIMING) 2>/dev/null; do \
-	  [ $$(date +%s) -lt $$deadline ] || { echo "make test: no $(1) line in $(TIMING) after $(2) s"; exit 1; }; \
-	  sleep 2; done; \
-	grep -q '^$(1)	[0-9]*	0$$' $(TIMING)
 
 # Mutation testing (not part of make test): stages the sources in .venv/mutation/, see tools/mutation.py.
 $(VENV)/.mutation-installed: $(VENV)/.installed requirements-mutation.txt

@@ -30,18 +30,9 @@ CREDENTIALS_IN_EE = "/d3-credentials"  # where the job's credential files appear
 ANSI = re.compile(r"\x1b\[K[A-Za-z0-9+/=]*\x1b\[\d+D|\x1b\[[0-9;]*[A-Za-z]")
 
 
-def ee_part_done(timing: Path) -> bool:
-    """Whether `make test`'s other lane has finished `make ee` (its line in the timing file), successfully or not."""
-    return timing.is_file() and any(line.startswith("ee\t") for line in timing.read_text().splitlines())
-
-
 @pytest.fixture(scope="module")
 def ee_user() -> tuple[int, int]:
-    """The EE image's user (ansible-builder's USER), who must read the injected credentials. Under `make test` the
-    other lane builds the image (D3_EE_TIMING names its timing file): wait until it has finished, then check."""
-    timing = os.environ.get("D3_EE_TIMING")
-    if timing:
-        labkit.wait_until("`make ee` in make test's other lane", lambda: ee_part_done(Path(timing)), timeout=1800, poll=2)
+    """The EE image's user (ansible-builder's USER), who must read the injected credentials."""
     assert labkit.image_exists(EE_IMAGE), f"no execution environment image {EE_IMAGE}: run `make ee` first"
     assert Path("/dev/mqueue").is_dir(), "ansible-navigator needs /dev/mqueue to run podman: `make ee` creates it"
     user = labkit.podman("image", "inspect", EE_IMAGE, "--format", "{{.Config.User}}", timeout=60).stdout.strip()

@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 COLLECTION = ROOT / "collections/ansible_collections/d3fleet/fleet"
 CALLBACKS = COLLECTION / "plugins/callback"
 FILTERS = "ansible_collections.d3fleet.fleet.plugins.filter"
+sys.path.insert(0, str(CALLBACKS))
+
+import preload  # noqa: E402  (the callback, imported flat like the filters: the in-process checks, and mutation)
 
 
 def fresh_python(code: str, *paths: Path) -> object:
@@ -34,6 +37,9 @@ def filter_modules() -> list[str]:
     return sorted(f"{FILTERS}.{p.stem}" for p in (COLLECTION / "plugins/filter").glob("*.py") if p.stem != "__init__")
 
 
+# the playbook tier: a new interpreter reads the collection from the tree on disk, so it cannot see a mutant (mutation
+# runs leave this tier out); the in-process checks below run in the quick tier and under mutation
+@pytest.mark.playbook
 def test_the_callback_imports_every_filter_file_of_the_collection_in_the_controller() -> None:
     """Constructing the callback (what Ansible does in the controller at the start of a run) leaves every filter file
     in sys.modules under the name Ansible's plugin loader looks for, and the module_utils they import with them."""
@@ -51,9 +57,9 @@ def test_the_callback_imports_every_filter_file_of_the_collection_in_the_control
     assert "ansible_collections.d3fleet.fleet.plugins.module_utils.d3_bench_stats" in modules  # d3_bench.py's import
 
 
-def test_a_file_that_fails_to_import_is_left_to_the_task_that_uses_it(tmp_path: Path) -> None:
+def test_a_file_that_fails_to_import_is_left_to_the_task_that_uses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A broken file (an exception, SystemExit) is skipped (the task that calls its filter gets Ansible's own error),
-    the others still load."""
+    the files after it still load, in the package's order."""
     pkg = tmp_path / "d3preload_pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -61,22 +67,41 @@ def test_a_file_that_fails_to_import_is_left_to_the_task_that_uses_it(tmp_path: 
     (pkg / "b_good.py").write_text("VALUE = 1\n")
     (pkg / "c_exits.py").write_text("raise SystemExit(3)\n")  # would end ansible-playbook with no message
     (pkg / "d_good.py").write_text("VALUE = 2\n")
-    got = fresh_python(
-        "import preload\n"
-        "names = preload.preload('d3preload_pkg')\n"
-        "print(json.dumps([names, sorted(n for n in sys.modules if n.startswith('d3preload_pkg.'))]))\n",
-        tmp_path,
-    )
-    assert got == [["d3preload_pkg.b_good", "d3preload_pkg.d_good"], ["d3preload_pkg.b_good", "d3preload_pkg.d_good"]]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        names = preload.preload("d3preload_pkg")
+        loaded = sorted(n for n in sys.modules if n.startswith("d3preload_pkg."))
+        assert names == loaded == ["d3preload_pkg.b_good", "d3preload_pkg.d_good"]
+        assert sys.modules["d3preload_pkg.d_good"].VALUE == 2
+    finally:
+        for name in [n for n in sys.modules if n == "d3preload_pkg" or n.startswith("d3preload_pkg.")]:
+            del sys.modules[name]
+
+
+def test_constructing_the_callback_preloads_the_collections_filters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Ansible does in the controller (it constructs each enabled callback) runs the preload of the collection's
+    filter package and keeps its names; the default package is the collection's filters."""
+    calls: list[str] = []
+
+    def fake(package: str = preload.FILTERS) -> list[str]:
+        calls.append(package)
+        return [package + ".x"]
+
+    assert preload.FILTERS == FILTERS
+    monkeypatch.setattr(preload, "preload", fake)
+    cb = preload.CallbackModule()
+    assert calls == [FILTERS] and cb.preloaded == [FILTERS + ".x"]
+    # Ansible's own arguments reach CallbackBase, positional or by name (its display)
+    display = type("Display", (), {"verbosity": 0})()
+    assert preload.CallbackModule(display)._display is display
+    assert preload.CallbackModule(display=display)._display is display
 
 
 def test_it_is_an_aggregate_callback_that_must_be_enabled_and_the_project_enables_it() -> None:
     """Opt-in (it is not a stdout callback and does nothing unless enabled), and enabled where this project runs
     Ansible: ansible.cfg (the lab, the tests, AWX and the EE read it) and molecule's generated configuration."""
-    got = fresh_python(
-        "import preload\nc = preload.CallbackModule\n"
-        "print(json.dumps([c.CALLBACK_TYPE, c.CALLBACK_NAME, c.CALLBACK_NEEDS_ENABLED, c.CALLBACK_VERSION]))\n"
-    )
+    c = preload.CallbackModule
+    got = [c.CALLBACK_TYPE, c.CALLBACK_NAME, c.CALLBACK_NEEDS_ENABLED, c.CALLBACK_VERSION]
     assert got == ["aggregate", "d3fleet.fleet.preload", True, 2.0]
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "ansible.cfg")

@@ -119,7 +119,8 @@ _sys.meta_path.insert(0, _FlatModules())
 '''
 
 
-FRONT_DOOR = ["README.md", "Makefile", "site.yml", "playbooks", "inventories", "examples"]
+# with ansible.cfg and molecule/ (tests/test_preload_callback.py checks both enable the preload callback)
+FRONT_DOOR = ["README.md", "Makefile", "site.yml", "playbooks", "inventories", "examples", "ansible.cfg", "molecule"]
 
 
 def stage(tests: list[str]) -> None:

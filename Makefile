@@ -9,6 +9,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # PYTHONDONTWRITEBYTECODE set (as on this project's CI machines) and pip's --no-compile below, every ansible-playbook,
 # every Ansible worker and every pytest would compile what it imports from source again (ansible-playbook on a
 # one-task play: 1.70 -> 0.89 s; the playbook tier's test_plan_playbook + test_site_tags: 44 -> 36 s, 2026-12-03).
+# As wherever Python caches bytecode, a .py rewritten within the same second at the same size keeps its old bytecode
+# (checked by mtime in whole seconds and size); tools/mutation.py writes none (PYTHONDONTWRITEBYTECODE=1 in its stage).
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX ?= $(CURDIR)/build/pycache
 

@@ -1,7 +1,7 @@
 """The callback d3fleet.fleet.preload: every filter file of the collection imported in the controller before Ansible
 forks its workers (a worker compiles a collection's Python otherwise: the plugin's DOCUMENTATION says where). What it
-saves is measured in docs/testing.md, not asserted here. Each check runs in a fresh Python (the import state is what is
-under test)."""
+saves is measured in docs/testing.md, not asserted here. What a real run imports is checked in a fresh Python and through
+ansible-playbook (the playbook tier); the plugin's own logic in this process (the quick tier, and mutation)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ sys.path.insert(0, str(CALLBACKS))
 import preload  # noqa: E402  (the callback, imported flat like the filters: the in-process checks, and mutation)
 
 
-def fresh_python(code: str, *paths: Path) -> object:
-    """Run ``code`` in a new interpreter with the collection root and the callback directory (and ``paths``) first on
-    sys.path; what it prints last, as JSON."""
-    prelude = f"import json, sys\nsys.path[:0] = {[str(ROOT / 'collections'), str(CALLBACKS), *map(str, paths)]!r}\n"
+def fresh_python(code: str) -> object:
+    """Run ``code`` in a new interpreter with the collection root and the callback directory first on sys.path; what it
+    prints last, as JSON."""
+    prelude = f"import json, sys\nsys.path[:0] = {[str(ROOT / 'collections'), str(CALLBACKS)]!r}\n"
     proc = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])

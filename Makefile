@@ -154,8 +154,8 @@ bench-compare: venv
 
 # The whole suite. The rollout tests need 3 lab hosts.
 TEST_LAB_HOSTS ?= 3
-# The lab comes up (cold: debootstrap, image builds: mostly network and disk) while lint and the unit tests run; the
-# output of each is printed whole when it ends (--output-sync).
+# The lab comes up (cold: debootstrap, image builds: mostly network and disk) while the unit tests run; the output of
+# each part is printed whole when it ends (--output-sync).
 # Each part's wall time goes to build/timing.tsv (`.ci/run` prints it with the slowest tests: tools/ci_report.py).
 # Two phases of two parts each: the unit tests beside the lab build; then the fleet's lab tests (the longest part)
 # beside lint, the standalone lab tests and molecule (each waits more than it computes; molecule uses its own
@@ -183,8 +183,8 @@ test-beside: venv
 	exit $$rc
 
 # the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes; then the
-# execution environment image that tests/lab/test_ee.py runs site.yml in (both beside lint + unit: the lab build and
-# ee together take about as long as they do); the callback list in a variable: a comma inside $(call ...) would split
+# execution environment image that tests/lab/test_ee.py runs site.yml in (both beside the unit tier: the lab build and
+# ee together take about as long as it does); the callback list in a variable: a comma inside $(call ...) would split
 # the argument
 LAB_CALLBACKS := ansible.posix.profile_tasks,d3fleet.fleet.preload
 LOW := nice -n 10

@@ -42,6 +42,7 @@ pytestmark = pytest.mark.lab
 ROLE = ROOT / "lab" / "roles" / "lab_pypi"
 SCRIPT = ROLE / "files" / "lab_pypi_index.py"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+PINNED = ROOT / "roles" / "d3_weights" / "files" / "hub-requirements.txt"  # lab_pypi_requirements_file's default
 HOST_PYTHON = {"trixie": "3.13", "bookworm": "3.11"}
 
 PLAYBOOK = """\
@@ -96,7 +97,7 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         cmd = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(base / "pypi.yml"),
                "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"lab_pypi_pip={VENV_BIN / 'pip'}",
                "-e", f"lab_pypi_cache_dir={idx.cache}", "-e", f"lab_pypi_root={idx.root}",
-               "-e", f"lab_pypi_check_url={idx.url}"]
+               "-e", f"lab_pypi_check_url={idx.url}", "-e", f"lab_pypi_requirements_file={PINNED}"]
         for _ in range(2):
             out = subprocess.run(cmd, cwd=ROOT, env=ANSIBLE_ENV, capture_output=True, text=True, timeout=600)
             assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
@@ -148,7 +149,7 @@ def test_index_script_skips_cached_downloads_repairs_and_prunes(index: Index, tm
     argv = [sys.executable, str(SCRIPT), "--pip", "/nonexistent/pip",  # a download attempt would fail
             "--cache", str(index.cache), "--root", str(tmp_path / "pypi"),
             *[f"--python-version={v}" for v in DEFAULTS["lab_pypi_python_versions"]],
-            *[f"--platform={p}" for p in DEFAULTS["lab_pypi_platforms"]], *DEFAULTS["lab_pypi_requirements"]]
+            *[f"--platform={p}" for p in DEFAULTS["lab_pypi_platforms"]], "--requirement", str(PINNED)]
 
     def run() -> dict[str, object]:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60)

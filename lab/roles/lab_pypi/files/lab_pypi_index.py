@@ -5,10 +5,13 @@ Lab hosts cannot reach PyPI (this machine's HTTPS egress goes through a TLS-inte
 the machine trusts), so the lab downloads the wheels here and serves them next to the lab apt repository.
 
     lab_pypi_index.py --pip PIP --cache DIR --root DIR --python-version 3.11 [--python-version 3.13 ...]
-                      --platform TAG [--platform TAG ...] REQUIREMENT [REQUIREMENT ...]
+                      --platform TAG [--platform TAG ...] --requirement FILE
 
-- For every Python version, `PIP download --only-binary=:all:` the requirements and all their dependencies into
-  CACHE/cp<ver>-<spec hash>/, unless that directory is already complete (marker `.complete`, written last).
+- For every Python version, `PIP download --only-binary=:all: -r FILE` into CACHE/cp<ver>-<spec hash>/, unless that
+  directory is already complete (marker `.complete`, written last). FILE is the fleet's hash-pinned requirements
+  (roles/d3_weights/files/hub-requirements.txt: every dependency pinned with its sha256), so the stand-in serves the
+  very files PyPI serves for those pins and nothing newer: a release made upstream since the pins were generated
+  does not reach the lab (pip's hash-checking mode refuses any file the pins do not name).
 - Hard-links (or copies) the union of those wheels to ROOT/files/ and writes ROOT/simple/index.html and
   ROOT/simple/<normalized-name>/index.html with `#sha256=` links and `data-requires-python`.
 - Removes files and project pages under ROOT that no longer belong to the index (ROOT is owned by this script).
@@ -40,12 +43,13 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def spec_hash(requirements: list[str], platforms: list[str]) -> str:
-    blob = json.dumps({"requirements": sorted(requirements), "platforms": sorted(platforms)}, sort_keys=True)
+def spec_hash(requirements: str, platforms: list[str]) -> str:
+    """The cache key: the requirements file's text and the platform tags."""
+    blob = json.dumps({"requirements": requirements, "platforms": sorted(platforms)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def download(pip: str, dest: Path, version: str, platforms: list[str], requirements: list[str]) -> bool:
+def download(pip: str, dest: Path, version: str, platforms: list[str], requirements: Path) -> bool:
     """Fill DEST with the wheels for one Python version; False when it was complete already."""
     if (dest / MARKER).is_file():
         return False
@@ -57,11 +61,11 @@ def download(pip: str, dest: Path, version: str, platforms: list[str], requireme
                "--implementation", "cp", "--python-version", version, "--abi", abi]
         for platform in platforms:
             cmd += ["--platform", platform]
-        subprocess.run([*cmd, *requirements], check=True, stdout=sys.stderr)
+        subprocess.run([*cmd, "--requirement", str(requirements)], check=True, stdout=sys.stderr)
         wheels = sorted(p.name for p in tmp.iterdir() if p.suffix == ".whl")
         if not wheels:
             raise SystemExit(f"pip download for Python {version} produced no wheel")
-        (tmp / MARKER).write_text(json.dumps({"requirements": requirements, "platforms": platforms, "wheels": wheels},
+        (tmp / MARKER).write_text(json.dumps({"requirements": str(requirements), "platforms": platforms, "wheels": wheels},
                                              indent=1) + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
@@ -157,15 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, required=True, help="served directory: gets files/ and simple/")
     ap.add_argument("--python-version", action="append", required=True, dest="versions")
     ap.add_argument("--platform", action="append", required=True, dest="platforms")
-    ap.add_argument("requirements", nargs="+")
+    ap.add_argument("--requirement", type=Path, required=True, help="hash-pinned requirements file (pip -r)")
     args = ap.parse_args(argv)
 
-    digest = spec_hash(args.requirements, args.platforms)
+    digest = spec_hash(args.requirement.read_text(), args.platforms)
     downloaded: list[str] = []
     wheels: dict[str, Path] = {}
     for version in args.versions:
         dest = args.cache / f"cp{version.replace('.', '')}-{digest}"
-        if download(args.pip, dest, version, args.platforms, args.requirements):
+        if download(args.pip, dest, version, args.platforms, args.requirement):
             downloaded.append(version)
         for wheel in sorted(dest.glob("*.whl")):
             wheels.setdefault(wheel.name, wheel)

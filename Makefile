@@ -154,49 +154,44 @@ bench-compare: venv
 
 # The whole suite. The rollout tests need 3 lab hosts.
 TEST_LAB_HOSTS ?= 3
-# Two lanes (`make -j2`), each part's output printed whole when its lane ends (--output-sync):
-# - the fleet's lane: the lab comes up (cold: debootstrap, image builds), then the fleet's lab tests (the longest
-#   part: every lab test that drives the lab hosts and the router) start at once;
-# - the other lane: the unit tests (beside the lab build); once the lab is built (build/lab.done: the EE's base is
-#   the lab's trixie image), the execution environment image (tests/lab/test_ee.py, about a third of the way into
-#   the fleet's tests, waits for it while build/ee.pending exists), lint, the standalone lab tests and molecule. After
-#   the unit tests, each part waits more than it computes or runs at nice 10 ($(LOW)): the fleet's tests get most of
-#   the CPU.
-# Every part runs even when one before it failed (a part the lab's failure leaves nothing to run on fails too); the
-# first failure is the status. Each part's wall time goes to build/timing.tsv (`.ci/run` prints it with the slowest
-# tests: tools/ci_report.py).
+# The lab comes up (cold: debootstrap, image builds: mostly network and disk) while the unit tests run; the output of
+# each part is printed whole when it ends (--output-sync).
+# Each part's wall time goes to build/timing.tsv (`.ci/run` prints it with the slowest tests: tools/ci_report.py).
+# Two phases of two parts each: the unit tests beside the lab build; then the fleet's lab tests (the longest part)
+# beside lint, the standalone lab tests and molecule (each waits more than it computes; molecule uses its own
+# d3-mol-* hosts and ports).
 test: venv
-	rm -f $(TIMING) $(BUILD)/junit-*.xml $(BUILD)/lab.done
-	mkdir -p $(BUILD) && touch $(BUILD)/ee.pending
-	rc=0; $(MAKE) -j2 --output-sync=target test-lab-fleet test-beside || rc=$$?; rm -f $(BUILD)/ee.pending; exit $$rc
+	rm -f $(TIMING) $(BUILD)/junit-*.xml
+	$(MAKE) -j2 --output-sync=target test-unit test-lab-up
+	$(MAKE) -j2 --output-sync=target test-lab-fleet test-beside
 
-.PHONY: test-lab-fleet test-beside
-# the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes; the callback
-# list in a variable: a comma inside $(call ...) would split the argument
-LAB_CALLBACKS := ansible.posix.profile_tasks,d3fleet.fleet.preload
-LOW := nice -n 10
-# a deadline for the other lane's waits (seconds): the lab build and the EE image take minutes, not an hour
-LANE_WAIT := 3600
-wait_for = deadline=$$(( $$(date +%s) + $(LANE_WAIT) )); until $(1); do \
-	  [ $$(date +%s) -lt $$deadline ] || { echo "waited $(LANE_WAIT) s for: $(2)" >&2; exit 1; }; sleep 2; done
+.PHONY: test-unit test-lab-up test-lab-fleet test-beside
+test-unit: venv
+	$(call timed,unit,$(MAKE) -j1 unit)
+
 test-lab-fleet: venv
-	rc=0; \
-	( $(call timed,lab,ANSIBLE_CALLBACKS_ENABLED=$(LAB_CALLBACKS) PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 \
-	  $(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS)) ) || rc=$$?; \
-	echo $$rc > $(BUILD)/lab.done; \
-	( $(call timed,lab-fleet,$(MAKE) -j1 lab-tests-fleet) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	exit $$rc
+	$(call timed,lab-fleet,$(MAKE) -j1 lab-tests-fleet)
 
+# every part runs even when one before it failed; the first failure is the status. lint and molecule (every process
+# they start, molecule's hosts included) run at nice 10 ($(LOW)): the fleet's tests, the longest part, get most of the
+# CPU when both want it; the standalone lab tests keep the normal priority (some time real requests).
 test-beside: venv
 	rc=0; \
-	( $(call timed,unit,$(MAKE) -j1 unit) ) || rc=$$?; \
-	$(call wait_for,[ -e $(BUILD)/lab.done ],the lab build); \
-	( $(call timed,ee,$(LOW) $(MAKE) -j1 ee) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	rm -f $(BUILD)/ee.pending; \
-	( $(call timed,lint,$(LOW) $(MAKE) -j1 lint) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	( $(call timed,lint,$(LOW) $(MAKE) -j1 lint) ) || rc=$$?; \
 	( $(call timed,lab-alone,$(MAKE) -j1 lab-tests-standalone) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
 	( $(call timed,molecule,$(LOW) $(MAKE) -j1 molecule-run) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
 	exit $$rc
+
+# the lab build's 15 slowest tasks printed at its end (profile_tasks): where the lab part of the run goes; then the
+# execution environment image that tests/lab/test_ee.py runs site.yml in (both beside the unit tier: the lab build and
+# ee together take about as long as it does); the callback list in a variable: a comma inside $(call ...) would split
+# the argument
+LAB_CALLBACKS := ansible.posix.profile_tasks,d3fleet.fleet.preload
+LOW := nice -n 10
+test-lab-up: venv
+	$(call timed,lab,ANSIBLE_CALLBACKS_ENABLED=$(LAB_CALLBACKS) PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 \
+	  $(MAKE) -j1 lab LAB_HOSTS=$(TEST_LAB_HOSTS))
+	$(call timed,ee,$(MAKE) -j1 ee)
 
 # $(call timed,NAME,COMMAND): run COMMAND; append "NAME<TAB>seconds<TAB>exit status" to $(TIMING); keep its status.
 TIMING := $(BUILD)/timing.tsv

@@ -40,7 +40,7 @@ def mmss(seconds: float) -> str:
 
 def report(build: Path, count: int) -> str:
     rows = parts(build / "timing.tsv")
-    out = ["", "== make test: wall time by part (lab then lab-fleet, beside unit, ee, lint, lab-alone, molecule) =="]
+    out = ["", "== make test: wall time by part (unit beside lab + ee; then lab-fleet beside lint, lab-alone, molecule) =="]
     if not rows:
         out.append(f"(no {build / 'timing.tsv'}: make test did not start)")
     for name, seconds, status in rows:

@@ -5,8 +5,7 @@ image. The lab is the STAND-IN fleet (lab/README.md); a missing EE image or lab 
 
 Cost: one site.yml run inside the EE, on a host of each Debian release (the fewest instances) of the converged lab:
 it must change nothing (the converge is the session's, tests/lab/conftest.py), log in to the registry with the
-injected credential and out again. The image is built by `make ee` beforehand (not here); under `make test`, beside
-this suite, and the module waits for that build (ee_built)."""
+injected credential and out again. The image is built by `make ee` beforehand (not here)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import re
 import secrets
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,24 +28,6 @@ EE_IMAGE = os.environ.get("D3_EE_IMAGE", "localhost/d3-fleet-ee:latest")
 CREDENTIALS_IN_EE = "/d3-credentials"  # where the job's credential files appear inside the EE
 # colours, and the event data ansible-runner's display hides in stdout (ESC[K base64 ESC[<n>D ESC[K)
 ANSI = re.compile(r"\x1b\[K[A-Za-z0-9+/=]*\x1b\[\d+D|\x1b\[[0-9;]*[A-Za-z]")
-
-
-# `make test` builds the EE beside the fleet's lab tests (the Makefile's test-beside) and removes this file when the
-# build has ended, well or not; a file older than the Makefile's LANE_WAIT is left by an interrupted run
-EE_PENDING = labkit.ROOT / "build" / "ee.pending"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ee_built() -> None:
-    """Wait (with a deadline) while `make test` is still building the EE image in its other lane."""
-
-    def built() -> bool:
-        try:
-            return time.time() - EE_PENDING.stat().st_mtime > 3600
-        except FileNotFoundError:
-            return True
-
-    labkit.wait_until(f"make test's EE build (it removes {EE_PENDING})", built, timeout=1800, poll=2)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,10 @@ the machine trusts), so the lab downloads the wheels here and serves them next t
   directory is already complete (marker `.complete`, written last). FILE is the fleet's hash-pinned requirements
   (roles/d3_weights/files/hub-requirements.txt: every dependency pinned with its sha256), so the stand-in serves the
   very files PyPI serves for those pins and nothing newer: a release made upstream since the pins were generated
-  does not reach the lab (pip's hash-checking mode refuses any file the pins do not name).
+  does not reach the lab (--require-hashes: pip refuses a line without a hash and any file the pins do not name).
+  A line with an environment marker is refused: pip evaluates markers for the Python running it, not for
+  --python-version (pip 23.2: a `; python_version == "3.13"` line would be ignored when downloading for 3.13), so
+  such a file needs one filtered copy per version, which this script does not write.
 - Hard-links (or copies) the union of those wheels to ROOT/files/ and writes ROOT/simple/index.html and
   ROOT/simple/<normalized-name>/index.html with `#sha256=` links and `data-requires-python`.
 - Removes files and project pages under ROOT that no longer belong to the index (ROOT is owned by this script).
@@ -58,6 +61,7 @@ def download(pip: str, dest: Path, version: str, platforms: list[str], requireme
     try:
         abi = "cp" + version.replace(".", "")
         cmd = [pip, "download", "--quiet", "--disable-pip-version-check", "--dest", str(tmp), "--only-binary=:all:",
+               "--require-hashes",
                "--implementation", "cp", "--python-version", version, "--abi", abi]
         for platform in platforms:
             cmd += ["--platform", platform]
@@ -164,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requirement", type=Path, required=True, help="hash-pinned requirements file (pip -r)")
     args = ap.parse_args(argv)
 
-    digest = spec_hash(args.requirement.read_text(), args.platforms)
+    text = args.requirement.read_text()
+    markers = [line for line in text.splitlines() if ";" in line.split("#", 1)[0]]
+    if markers:
+        raise SystemExit(f"{args.requirement}: environment markers are not supported (pip would evaluate them for the "
+                         f"Python running it, not for --python-version): {markers[0].split('--hash')[0].strip()}")
+    digest = spec_hash(text, args.platforms)
     downloaded: list[str] = []
     wheels: dict[str, Path] = {}
     for version in args.versions:

@@ -6,6 +6,7 @@ services over the hosts' own network, the generated inventory through ansible it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import ansible.module_utils
 import pytest
 import yaml
 from labkit import (
@@ -159,7 +161,7 @@ def test_inventory_is_valid_and_carries_the_fleet_variables(lab_hosts: list[LabH
         assert hostvars[host.name]["d3_model_revisions"] == want_revisions, host.name
 
 
-def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost]) -> None:
+def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost], lab_ssh: SshRunner) -> None:
     result = subprocess.run(
         [venv_tool("ansible"), "-i", str(LAB_INVENTORY), LAB_GROUP, "-b", "-m", "ansible.builtin.command",
          "-a", "id -u", "-o"],
@@ -175,6 +177,16 @@ def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost]) -> Non
     assert ping.returncode == 0, ping.stdout + ping.stderr
     for host in lab_hosts:
         assert re.search(rf"^{host.name} \| SUCCESS => .*pong", ping.stdout, re.M), ping.stdout
+    # the lab's AnsiballZ bytecode cache (LAB SPEED AID, lab_hosts' provisioning) served those module calls: root's
+    # cache holds the controller's ansible.module_utils.basic, source byte for byte (tests/test_lab_ansiballz_cache.py)
+    basic = hashlib.sha256((Path(ansible.module_utils.__file__).parent / "basic.py").read_bytes()).hexdigest()
+    read = (
+        "sudo python3 -c 'import glob, hashlib, marshal; "
+        'p, = glob.glob("/root/.cache/d3-lab-ansiballz/*/ansible%module_utils%basic.py.code"); '
+        "print(hashlib.sha256(marshal.load(open(p, \"rb\"))[0]).hexdigest())'"
+    )
+    for host in lab_hosts:
+        assert lab_ssh(host, read).stdout.strip() == basic, f"{host.name}: no AnsiballZ cache entry for this ansible-core"
 
 
 def test_make_lab_recreates_a_host_whose_processes_were_killed(

@@ -5,9 +5,11 @@ cache cannot be used safely."""
 from __future__ import annotations
 
 import importlib.util
+import marshal
 import os
 import sys
 import traceback
+import types
 import zipfile
 import zipimport
 from pathlib import Path
@@ -28,6 +30,7 @@ def cache(monkeypatch, tmp_path):
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as on a lab host (this machine's CI sets -B)
     for name in ("pkg", "pkg.mod"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return module
@@ -65,7 +68,29 @@ def entries(home: Path) -> list[Path]:
     return sorted((home / ".cache" / "d3-lab-ansiballz").rglob("*.code"))
 
 
-def test_same_file_names_and_code_as_cpython_and_a_second_payload_is_served_from_the_cache(cache, tmp_path, monkeypatch):
+TAG = f"{sys.implementation.cache_tag}.opt-{sys.flags.optimize}"
+
+
+@pytest.fixture
+def compiles(cache, monkeypatch) -> list[str]:
+    """The file names compiled from here on, by the hook or by CPython's zipimport."""
+    seen: list[str] = []
+    real_compile, real_zip_compile = compile, zipimport._compile_source
+
+    def hook_compile(source, filename, *args, **kwargs):
+        seen.append(filename)
+        return real_compile(source, filename, *args, **kwargs)
+
+    def zip_compile(pathname, source):
+        seen.append(pathname)
+        return real_zip_compile(pathname, source)
+
+    monkeypatch.setattr(cache, "compile", hook_compile, raising=False)
+    monkeypatch.setattr(zipimport, "_compile_source", zip_compile)
+    return seen
+
+
+def test_same_file_names_and_code_as_cpython_and_a_second_payload_is_served_from_the_cache(cache, tmp_path, compiles):
     first = payload(tmp_path, "a")
     ours = cache.path_hook(f"{first}/pkg")
     theirs = zipimport.zipimporter(f"{first}/pkg")
@@ -79,14 +104,12 @@ def test_same_file_names_and_code_as_cpython_and_a_second_payload_is_served_from
     assert [p.name for p in entries(Path(os.environ["HOME"]))] == ["pkg%__init__.py.code", "pkg%mod.py.code"]
     assert {oct(p.stat().st_mode & 0o777) for p in entries(Path(os.environ["HOME"]))} == {"0o600"}
 
-    # the next module call's payload: another directory, the same source; nothing is compiled again
+    # the next module call's payload: another directory, the same source; nothing is compiled again, by the hook or
+    # by zipimport
     second = payload(tmp_path, "b")
-
-    def no_compile(*args, **kwargs):
-        raise AssertionError("compiled although the cache holds this source")
-
-    monkeypatch.setattr(cache, "compile", no_compile, raising=False)
+    compiles.clear()
     mod = load(cache.path_hook(f"{second}/pkg"), "pkg.mod")
+    assert compiles == []
     assert mod.file_seen == f"{second}/pkg/mod.py"
     with pytest.raises(ValueError) as raised:
         mod.boom()
@@ -145,7 +168,7 @@ def test_bytecode_in_the_zip_or_an_unsafe_cache_directory_falls_back_to_cpython(
 
     # nor one that is a symbolic link, nor one another user owns
     (home / ".cache" / "d3-lab-ansiballz").chmod(0o700)
-    tag_dir = home / ".cache" / "d3-lab-ansiballz" / sys.implementation.cache_tag
+    tag_dir = home / ".cache" / "d3-lab-ansiballz" / TAG
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     tag_dir.rmdir()  # created by the call above, which then refused it
@@ -165,9 +188,82 @@ def test_bytecode_in_the_zip_or_an_unsafe_cache_directory_falls_back_to_cpython(
     assert cache._cache_dir() is None
 
 
+def test_each_cache_directory_is_0700_whatever_the_umask(cache, tmp_path):
+    old = os.umask(0o002)  # user private groups (pam_umask): makedirs would give the parent 0775, then refuse it
+    try:
+        assert cache._cache_dir() is not None
+    finally:
+        os.umask(old)
+    home = Path(os.environ["HOME"])
+    assert oct((home / ".cache" / "d3-lab-ansiballz").stat().st_mode & 0o777) == "0o700"
+    assert oct((home / ".cache" / "d3-lab-ansiballz" / TAG).stat().st_mode & 0o777) == "0o700"
+
+
 def test_install_puts_the_hook_first_once(cache, monkeypatch):
     monkeypatch.setattr(sys, "path_hooks", list(sys.path_hooks))
     cache.install()
     cache.install()
     assert sys.path_hooks[0] is cache.path_hook
     assert sys.path_hooks.count(cache.path_hook) == 1
+
+
+def test_an_entry_of_another_optimisation_level_or_interpreter_or_owner_is_not_used(cache, tmp_path, monkeypatch, compiles):
+    home = Path(os.environ["HOME"])
+    load(cache.path_hook(f"{payload(tmp_path, 'a')}/pkg"), "pkg.mod")
+    assert [p.parent.name for p in entries(home)] == [TAG]
+
+    # -O: its own directory (code compiled without -O keeps its asserts)
+    optimised = types.SimpleNamespace(flags=types.SimpleNamespace(optimize=sys.flags.optimize + 1),
+                                      implementation=sys.implementation, dont_write_bytecode=False)  # fmt: skip
+    monkeypatch.setattr(cache, "sys", optimised)
+    compiles.clear()
+    load(cache.path_hook(f"{payload(tmp_path, 'b')}/pkg"), "pkg.mod")
+    assert compiles and compiles[-1].endswith("ansible_stat_payload_b/ansible_stat_payload.zip/pkg/mod.py")
+    assert {p.parent.name for p in entries(home)} == {TAG, f"{sys.implementation.cache_tag}.opt-{sys.flags.optimize + 1}"}
+    monkeypatch.setattr(cache, "sys", sys)
+
+    # another bytecode magic number (another interpreter with the same cache tag): compiled again, entry replaced
+    entry = home / ".cache" / "d3-lab-ansiballz" / TAG / "pkg%mod.py.code"
+    _, source, code = marshal.loads(entry.read_bytes())
+    entry.write_bytes(marshal.dumps((b"\0\0\r\n", source, code)))
+    compiles.clear()
+    load(cache.path_hook(f"{payload(tmp_path, 'c')}/pkg"), "pkg.mod")
+    assert len(compiles) == 1
+    assert marshal.loads(entry.read_bytes())[0] == cache._MAGIC
+
+    # an entry another user owns (checked on the opened file): not used
+    real_fstat = os.fstat
+    other_uid = os.getuid() + 1
+
+    def fstat(fd):
+        st = real_fstat(fd)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, other_uid, *tuple(st)[5:]))
+
+    monkeypatch.setattr(cache.os, "fstat", fstat)
+    compiles.clear()
+    load(cache.path_hook(f"{payload(tmp_path, 'd')}/pkg"), "pkg.mod")
+    assert len(compiles) == 1
+
+
+def test_no_error_in_the_cache_fails_an_import_and_with_dont_write_bytecode_nothing_is_written(cache, tmp_path, monkeypatch):
+    home = Path(os.environ["HOME"])
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    mod = load(cache.path_hook(f"{payload(tmp_path, 'a')}/pkg"), "pkg.mod")
+    assert mod.file_seen.endswith("ansible_stat_payload_a/ansible_stat_payload.zip/pkg/mod.py")
+    assert entries(home) == []
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+
+    # an error the cache did not foresee (e.g. a file name the file system's encoding cannot hold): CPython's path
+    def broken_open(*args, **kwargs):
+        raise UnicodeEncodeError("ascii", "\xe9", 0, 1, "ordinal not in range(128)")
+
+    monkeypatch.setattr(cache.os, "open", broken_open)
+    mod = load(cache.path_hook(f"{payload(tmp_path, 'b')}/pkg"), "pkg.mod")
+    assert mod.file_seen.endswith("ansible_stat_payload_b/ansible_stat_payload.zip/pkg/mod.py")
+    assert entries(home) == []
+    def broken_read(*args):
+        raise RuntimeError("anything")
+
+    monkeypatch.setattr(cache, "_read", broken_read)
+    mod = load(cache.path_hook(f"{payload(tmp_path, 'c')}/pkg"), "pkg.mod")
+    assert mod.file_seen.endswith("ansible_stat_payload_c/ansible_stat_payload.zip/pkg/mod.py")

@@ -170,6 +170,18 @@ def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost], lab_ss
     assert result.returncode == 0, result.stdout + result.stderr
     for host in lab_hosts:
         assert re.search(rf"^{host.name} \| CHANGED \| rc=0 \| \(stdout\) 0$", result.stdout, re.M), result.stdout
+    # the lab's AnsiballZ bytecode cache (LAB SPEED AID, lab_hosts' provisioning; tests/test_lab_ansiballz_cache.py):
+    # after a module call root's cache holds the controller's ansible.module_utils.basic, source byte for byte, and
+    # the next call reads that entry instead of compiling and writing a new one (its inode stays)
+    basic = hashlib.sha256((Path(ansible.module_utils.__file__).parent / "basic.py").read_bytes()).hexdigest()
+    read = (
+        "sudo python3 -c 'import glob, hashlib, marshal, os; "
+        'p, = glob.glob("/root/.cache/d3-lab-ansiballz/*/ansible%module_utils%basic.py.code"); '
+        'print(hashlib.sha256(marshal.load(open(p, "rb"))[1]).hexdigest(), os.stat(p).st_ino)\''
+    )
+    entries = {host.name: lab_ssh(host, read).stdout.split() for host in lab_hosts}
+    for host in lab_hosts:
+        assert entries[host.name][0] == basic, f"{host.name}: no AnsiballZ cache entry for this ansible-core"
     ping = subprocess.run(
         [venv_tool("ansible"), "-i", str(LAB_INVENTORY), LAB_GROUP, "-m", "ansible.builtin.ping", "-b", "-o"],
         capture_output=True, text=True, env=ANSIBLE_ENV, cwd=ROOT, timeout=120,
@@ -177,16 +189,7 @@ def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost], lab_ss
     assert ping.returncode == 0, ping.stdout + ping.stderr
     for host in lab_hosts:
         assert re.search(rf"^{host.name} \| SUCCESS => .*pong", ping.stdout, re.M), ping.stdout
-    # the lab's AnsiballZ bytecode cache (LAB SPEED AID, lab_hosts' provisioning) served those module calls: root's
-    # cache holds the controller's ansible.module_utils.basic, source byte for byte (tests/test_lab_ansiballz_cache.py)
-    basic = hashlib.sha256((Path(ansible.module_utils.__file__).parent / "basic.py").read_bytes()).hexdigest()
-    read = (
-        "sudo python3 -c 'import glob, hashlib, marshal; "
-        'p, = glob.glob("/root/.cache/d3-lab-ansiballz/*/ansible%module_utils%basic.py.code"); '
-        "print(hashlib.sha256(marshal.load(open(p, \"rb\"))[0]).hexdigest())'"
-    )
-    for host in lab_hosts:
-        assert lab_ssh(host, read).stdout.strip() == basic, f"{host.name}: no AnsiballZ cache entry for this ansible-core"
+        assert lab_ssh(host, read).stdout.split() == entries[host.name], f"{host.name}: the cache entry was rewritten"
 
 
 def test_make_lab_recreates_a_host_whose_processes_were_killed(

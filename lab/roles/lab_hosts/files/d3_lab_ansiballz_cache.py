@@ -8,18 +8,23 @@ to learn its path (``Lib/zipimport.py``, ``_get_module_code``), then ``exec_modu
 lab suite makes thousands). This path hook serves those payload zips with a ``zipimporter`` that
 
 - answers ``get_filename`` without compiling (the same path CPython gives: ``<archive>/<path in the zip>``), and
-- keeps the compiled code per user under ``~/.cache/d3-lab-ansiballz/<cache tag>/``, keyed by the file's path in the
-  zip and checked against the whole source text it was compiled from: only byte-identical source reuses code, and
-  the code's file names are set to this payload's path (tracebacks name the zip the module really ran from).
+- keeps the compiled code per user under ``~/.cache/d3-lab-ansiballz/<cache tag>.opt-<-O level>/``, keyed by the
+  file's path in the zip and checked against the interpreter's bytecode magic number and the whole source text it
+  was compiled from: only byte-identical source compiled by this interpreter at this -O level reuses code, and the
+  code's file names are set to this payload's path (tracebacks name the zip the module really ran from).
 
-Anything it cannot do exactly (no source in the zip, an unsafe cache directory, a cache file it cannot read) falls
-back to CPython's own ``zipimporter``. Nothing else changes: other paths, other imports and the module's behaviour
-are CPython's. It is installed by the lab's provisioning (a ``.pth`` line that calls install()), so the roles and the lab inventory do not
-know it exists; ``tests/test_lab_ansiballz_cache.py`` checks it against CPython's ``zipimporter``.
+Anything it cannot do exactly (no source in the zip, bytecode beside it, an unsafe cache directory or entry, a cache
+file it cannot read or write, any error at all in the cache) falls back to CPython's own ``zipimporter``; with -B
+(PYTHONDONTWRITEBYTECODE) it writes nothing. Other paths, other imports and the module's behaviour are CPython's.
+Two differences remain: the loader's class, and a module with a syntax error fails at exec_module instead of
+find_spec (an import statement raises the same SyntaxError either way). The lab's provisioning installs it (a
+``.pth`` line that calls install()), so the roles and the lab inventory do not know it exists;
+``tests/test_lab_ansiballz_cache.py`` checks it against CPython's ``zipimporter``.
 """
 
 from __future__ import annotations
 
+import _frozen_importlib_external  # already loaded by every CPython: its MAGIC_NUMBER, without importing importlib
 import marshal
 import os
 import sys
@@ -27,22 +32,28 @@ import zipimport
 
 _PAYLOAD = "_payload.zip"
 _CODE = type(compile("", "", "exec"))
+_MAGIC = _frozen_importlib_external.MAGIC_NUMBER
+
+
+def _safe(st: os.stat_result) -> bool:
+    """This user's, and nobody else may write it (lstat of a symbolic link: mode 0777, refused)."""
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def _cache_dir() -> str | None:
-    """This user's cache directory, created 0700; None unless it is a directory this user owns that nobody else
-    can write (the code in it runs as this user)."""
+    """This user's cache directory, created 0700; None unless it and its parent are directories this user owns that
+    nobody else can write (the code in them runs as this user)."""
     home = os.path.expanduser("~")
     if not home.startswith("/"):
         return None
-    path = os.path.join(home, ".cache", "d3-lab-ansiballz", sys.implementation.cache_tag or "none")
+    parent = os.path.join(home, ".cache", "d3-lab-ansiballz")
+    path = os.path.join(parent, f"{sys.implementation.cache_tag or 'none'}.opt-{sys.flags.optimize}")
     try:
+        # each level 0700 itself (makedirs gives intermediate directories the umask's mode)
+        os.makedirs(parent, mode=0o700, exist_ok=True)
         os.makedirs(path, mode=0o700, exist_ok=True)
-        # lstat: a symbolic link (mode 0777) fails the mode check; makedirs refused a file in the way
-        for part in (os.path.dirname(path), path):
-            st = os.lstat(part)
-            if st.st_uid != os.getuid() or st.st_mode & 0o022:
-                return None
+        if not all(_safe(os.lstat(part)) for part in (parent, path)):
+            return None
     except OSError:
         return None
     return path
@@ -52,6 +63,35 @@ def _with_filename(code, filename: str):
     """The code object and every code object nested in it, with co_filename set to filename."""
     consts = tuple(_with_filename(c, filename) if isinstance(c, _CODE) else c for c in code.co_consts)
     return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _read(entry: str, source: bytes):
+    """The cached code of this exact source, or None. The entry is checked on the opened file (not by its path: a
+    directory swapped after _cache_dir() cannot hand over another user's file)."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            if not _safe(os.fstat(fd)):
+                return None
+            magic, cached_source, code = marshal.load(f)
+    except Exception:  # missing, unreadable, not marshal data, not a 3-tuple: compiled (and written) again
+        return None
+    return code if magic == _MAGIC and cached_source == source and isinstance(code, _CODE) else None
+
+
+def _write(entry: str, source: bytes, code) -> bool:
+    """Write the entry atomically (a new file, then rename); False when it could not (the next call compiles)."""
+    tmp = f"{entry}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            marshal.dump((_MAGIC, source, code), f)
+        os.replace(tmp, entry)
+    except Exception:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        return False
+    return True
 
 
 class CachingZipImporter(zipimport.zipimporter):
@@ -78,33 +118,28 @@ class CachingZipImporter(zipimport.zipimporter):
         return self._toc()[inner][0]
 
     def get_code(self, fullname):
+        try:
+            code = self._cached_code(fullname)
+        except Exception:  # whatever goes wrong in the cache, CPython's own path decides (and raises what it raises)
+            code = None
+        return code if code is not None else super().get_code(fullname)
+
+    def _cached_code(self, fullname: str):
+        """The module's code through the cache, or None to leave it to CPython."""
         inner = self._source_path(fullname)
         cache = _cache_dir() if inner is not None else None
         if cache is None:
-            return super().get_code(fullname)
+            return None
         filename = self._toc()[inner][0]
         source = self.get_data(inner)
         entry = os.path.join(cache, inner.replace("/", "%") + ".code")
-        try:
-            with open(entry, "rb") as f:
-                cached_source, code = marshal.load(f)
-            if cached_source == source and isinstance(code, _CODE):
-                return _with_filename(code, filename)
-        except (OSError, EOFError, ValueError, TypeError):
-            pass
+        code = _read(entry, source)
+        if code is not None:
+            return _with_filename(code, filename)
         # what zipimport's _compile_source does
         code = compile(source.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), filename, "exec", dont_inherit=True)
-        tmp = f"{entry}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                marshal.dump((source, code), f)
-            os.replace(tmp, entry)
-        except OSError:
-            import contextlib  # only here: every Python on a lab host imports this module at start
-
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        if not sys.dont_write_bytecode:
+            _write(entry, source, code)
         return code
 
 

@@ -46,11 +46,20 @@ def test_the_callback_imports_every_filter_file_of_the_collection_in_the_control
     got = fresh_python(
         "import preload\n"
         f"before = sorted(n for n in sys.modules if n.startswith({FILTERS!r} + '.'))\n"
+        "from ansible.plugins.loader import filter_loader, test_loader\n"
+        "tables = [len(filter_loader._cached_non_collection_wrappers), len(test_loader._cached_non_collection_wrappers)]\n"
         "cb = preload.CallbackModule()\n"
         "mods = sorted(n for n in sys.modules if n.startswith('ansible_collections.d3fleet.fleet.plugins.'))\n"
-        "print(json.dumps([before, cb.preloaded, mods]))\n"
+        "built = [sorted(filter_loader._cached_non_collection_wrappers), sorted(test_loader._cached_non_collection_wrappers)]\n"
+        "print(json.dumps([before, cb.preloaded, mods, tables, built, cb.jinja_plugins]))\n"
     )
-    before, preloaded, modules = got  # type: ignore[misc]
+    before, preloaded, modules, tables, built, listed = got  # type: ignore[misc]
+    # ansible-core's tables of non-collection filters and tests: empty before, built by the callback (what a worker
+    # would otherwise build on its first lookup of a filter or test)
+    assert tables == [0, 0]
+    assert {"bool", "ansible.builtin.bool", "to_json", "regex_replace"} <= set(built[0])
+    assert {"match", "ansible.builtin.match", "version", "file"} <= set(built[1])
+    assert listed == len(built[0]) + len(built[1])
     assert before == []
     assert preloaded == filter_modules() and len(preloaded) >= 10
     assert set(filter_modules()) <= set(modules)
@@ -80,21 +89,46 @@ def test_a_file_that_fails_to_import_is_left_to_the_task_that_uses_it(tmp_path: 
 
 def test_constructing_the_callback_preloads_the_collections_filters(monkeypatch: pytest.MonkeyPatch) -> None:
     """What Ansible does in the controller (it constructs each enabled callback) runs the preload of the collection's
-    filter package and keeps its names; the default package is the collection's filters."""
+    filter package and keeps its names, then has ansible-core build its filter and test tables; the default package is
+    the collection's filters."""
     calls: list[str] = []
 
     def fake(package: str = preload.FILTERS) -> list[str]:
         calls.append(package)
         return [package + ".x"]
 
+    def tables(loaders: tuple | None = None) -> int:
+        calls.append(f"tables {loaders}")
+        return 7
+
     assert preload.FILTERS == FILTERS
     monkeypatch.setattr(preload, "preload", fake)
+    monkeypatch.setattr(preload, "jinja_plugin_tables", tables)
     cb = preload.CallbackModule()
-    assert calls == [FILTERS] and cb.preloaded == [FILTERS + ".x"]
+    assert calls == [FILTERS, "tables None"] and cb.preloaded == [FILTERS + ".x"] and cb.jinja_plugins == 7
     # Ansible's own arguments reach CallbackBase, positional or by name (its display)
     display = type("Display", (), {"verbosity": 0})()
     assert preload.CallbackModule(display)._display is display
     assert preload.CallbackModule(display=display)._display is display
+
+
+def test_each_loader_lists_its_plugins_once_and_one_that_fails_is_left_alone() -> None:
+    """Listing builds the table; a loader that raises (a broken plugin path) does not stop the others, nor the run."""
+
+    class Loader:
+        def __init__(self, names: list[str] | None) -> None:
+            self.names, self.calls = names, 0
+
+        def all(self):
+            self.calls += 1
+            if self.names is None:
+                raise RuntimeError("a broken plugin directory")
+            yield from self.names
+
+    first, broken, last = Loader(["a", "b"]), Loader(None), Loader(["c", "d", "e"])
+    assert preload.jinja_plugin_tables((first, broken, last)) == 5
+    assert [first.calls, broken.calls, last.calls] == [1, 1, 1]
+    assert preload.jinja_plugin_tables(()) == 0
 
 
 def test_it_is_an_aggregate_callback_that_must_be_enabled_and_the_project_enables_it() -> None:
@@ -136,9 +170,9 @@ def test_a_worker_finds_every_filter_file_imported_before_it_calls_one(tmp_path:
         "    - ansible.builtin.debug: {msg: \"{{ 0 | d3_preload_probe }}\"}\n"
     )
 
-    def worker_saw(**env: str) -> list[str]:
+    def worker_saw(filter_plugins: str = str(tmp_path / "filter_plugins"), **env: str) -> list[str]:
         proc = ansible_playbook(str(tmp_path / "play.yml"), "-i", "localhost,", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-                                ANSIBLE_FILTER_PLUGINS=str(tmp_path / "filter_plugins"), **env)  # fmt: skip
+                                ANSIBLE_FILTER_PLUGINS=filter_plugins, **env)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         # the json callback's report (ansible.posix.timer prints its line after it)
         report, _ = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index("{") :])
@@ -146,3 +180,6 @@ def test_a_worker_finds_every_filter_file_imported_before_it_calls_one(tmp_path:
 
     assert worker_saw() == filter_modules()
     assert worker_saw(ANSIBLE_CALLBACKS_ENABLED="ansible.posix.timer") == []
+    # a filter_plugins directory beside the playbook (added when the playbook loads, before the callback builds the
+    # tables) is found as without the callback
+    assert worker_saw(filter_plugins="/nonexistent") == filter_modules()

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: preload
 type: aggregate
-short_description: Import the collection's filter plugins once in the controller, before Ansible forks its workers
+short_description: Load the collection's filters and ansible-core's filter and test table once, before Ansible forks
 description:
   - Prints nothing and changes no result. When Ansible loads it (at the start of a run, in the controller process),
     it imports every filter plugin of C(d3fleet.fleet) (and the module_utils they import), so that the worker
@@ -19,6 +19,14 @@ description:
     through C(spec_from_file_location), which uses one where Python may write it). Both reuse a module already in
     C(sys.modules) (C(PluginLoader._load_module_source)). In a C(site.yml) run on the lab about a fifth of the
     controller's CPU went there (py-spy, docs/testing.md).
+  - It also has ansible-core build its table of the filters and tests found outside collections (C(ansible.builtin)'s
+    and those of the configured plugin paths; C(Jinja2Loader._ensure_non_collection_wrappers), built on the first
+    lookup of any filter or test and kept until a plugin directory is added, which clears it) by asking each loader
+    to list its plugins. Built in each worker, that table (and the plugin files it imports) took about an eighth of
+    the controller's CPU samples in a play of C(assert) tasks (py-spy; docs/testing.md has the measurements); built
+    here, every worker inherits it. The controller has already added the playbook's and its roles' plugin directories when it loads
+    callbacks (C(PlaybookExecutor.run) calls C(Playbook.load), then C(load_callbacks)), so the table is the one a worker
+    would build; a directory added later clears it, and the workers build it again as they did without this plugin.
   - A filter file that fails to import (an exception, or C(SystemExit)) is left alone here; the task that uses it
     reports the error as usual. A run that never calls a C(d3fleet.fleet) filter pays the import once, about
     0.1 s of the controller's CPU.
@@ -57,6 +65,22 @@ def preload(package: str = FILTERS) -> list[str]:
     return done
 
 
+def jinja_plugin_tables(loaders: tuple | None = None) -> int:
+    """Have ansible-core build its tables of non-collection filters and tests (listing a loader's plugins builds it);
+    the number of entries listed. A loader that fails is left alone: the task that needs it reports the error."""
+    if loaders is None:
+        from ansible.plugins.loader import filter_loader, test_loader
+
+        loaders = (filter_loader, test_loader)
+    listed = 0
+    for loader in loaders:
+        try:
+            listed += sum(1 for _ in loader.all())
+        except Exception:  # the task that uses a filter or test reports it, with Ansible's own message
+            continue
+    return listed
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -66,3 +90,4 @@ class CallbackModule(CallbackBase):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.preloaded = preload()
+        self.jinja_plugins = jinja_plugin_tables()

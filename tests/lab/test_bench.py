@@ -421,7 +421,12 @@ def test_open_loop_beyond_the_generator_limit_is_reported_and_timed_from_the_sch
           f"from send p50 {high['p50']} from schedule "
           f"{high['from_schedule']['p50']} lag p50 {high['lag']['p50']} not sent {high['not_sent']}: {table}; "
           f"{time.monotonic() - start:.1f} s")
-    assert low["driven"] and not high["driven"] and table.startswith("NOT DRIVEN: the generator")
+    # 10/s is driven unless the machine stalled the sender past the 5 ms bound on one of 20 requests (CI's 2 cores
+    # under load: lag p99 5.18 ms once, 2026-12-03); then the verdict says so, and the sender still kept up typically
+    bound = bench_load.lag_bound_ms(10.0)
+    assert low["driven"] or low["lag"]["p99"] > bound, low
+    assert low["lag"]["p50"] < bound, low
+    assert not high["driven"] and table.startswith("NOT DRIVEN: the generator")
     assert high["p50"] < 2 * low["p50"]  # from the send: flat
     assert high["from_schedule"]["p50"] > 5 * low["from_schedule"]["p50"]  # from the schedule: climbing
     assert high["not_sent"] > 0 and high["lag"]["p50"] > high["p50"]

@@ -176,7 +176,7 @@ def test_ansible_reaches_every_host_with_become(lab_hosts: list[LabHost], lab_ss
     basic = hashlib.sha256((Path(ansible.module_utils.__file__).parent / "basic.py").read_bytes()).hexdigest()
     read = (
         "sudo python3 -c 'import glob, hashlib, marshal, os; "
-        'p, = glob.glob("/root/.cache/d3-lab-ansiballz/*/ansible%module_utils%basic.py.code"); '
+        'p, = glob.glob("/root/.cache/d3-lab-ansiballz/*.opt-0/ansible%module_utils%basic.py.code"); '
         'print(hashlib.sha256(marshal.load(open(p, "rb"))[1]).hexdigest(), os.stat(p).st_ino)\''
     )
     entries = {host.name: lab_ssh(host, read).stdout.split() for host in lab_hosts}

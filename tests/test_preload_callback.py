@@ -112,23 +112,44 @@ def test_constructing_the_callback_preloads_the_collections_filters(monkeypatch:
     assert preload.CallbackModule(display=display)._display is display
 
 
-def test_each_loader_lists_its_plugins_once_and_one_that_fails_is_left_alone() -> None:
-    """Listing builds the table; a loader that raises (a broken plugin path) does not stop the others, nor the run."""
+def test_each_loader_lists_its_plugins_once_and_one_that_fails_is_put_back_as_it_was() -> None:
+    """Listing builds the table; a loader whose plugin file raises or exits part way (a broken plugin path) keeps no
+    partial table and no half-imported plugin module (each worker builds it again and reports the error, as without
+    the callback), and does not stop the others, nor the run."""
 
     class Loader:
-        def __init__(self, names: list[str] | None) -> None:
-            self.names, self.calls = names, 0
+        package = "d3preload_fake.filter"
+
+        def __init__(self, names: list[str], fail: BaseException | None = None) -> None:
+            self.names, self.fail, self.calls, self.table = names, fail, 0, {}
 
         def all(self):
             self.calls += 1
-            if self.names is None:
-                raise RuntimeError("a broken plugin directory")
-            yield from self.names
+            for name in self.names:
+                self.table[name] = sys.modules[f"{self.package}.{name}"] = object()
+                yield name
+            if self.fail is not None:
+                sys.modules["d3preload_fake.dependency"] = object()  # what the broken file imported first: kept
+                raise self.fail
 
-    first, broken, last = Loader(["a", "b"]), Loader(None), Loader(["c", "d", "e"])
-    assert preload.jinja_plugin_tables((first, broken, last)) == 5
-    assert [first.calls, broken.calls, last.calls] == [1, 1, 1]
-    assert preload.jinja_plugin_tables(()) == 0
+        def _clear_caches(self) -> None:
+            self.table = {}
+
+    kept = "d3preload_fake.filter.loaded_before"
+    sys.modules[kept] = object()
+    try:
+        first = Loader(["a", "b"])
+        raising, exiting = Loader(["c"], RuntimeError("a broken filter file")), Loader(["d"], SystemExit(0))
+        last = Loader(["e", "f", "g"])
+        assert preload.jinja_plugin_tables((first, raising, exiting, last)) == 5
+        assert [first.calls, raising.calls, exiting.calls, last.calls] == [1, 1, 1, 1]
+        assert [sorted(first.table), raising.table, exiting.table, sorted(last.table)] == [["a", "b"], {}, {}, ["e", "f", "g"]]
+        loaded = sorted(n for n in sys.modules if n.startswith("d3preload_fake."))
+        assert loaded == ["d3preload_fake.dependency"] + [f"d3preload_fake.filter.{n}" for n in ("a", "b", "e", "f", "g", "loaded_before")]
+        assert preload.jinja_plugin_tables(()) == 0
+    finally:
+        for name in [n for n in sys.modules if n.startswith("d3preload_fake.")]:
+            del sys.modules[name]
 
 
 def test_it_is_an_aggregate_callback_that_must_be_enabled_and_the_project_enables_it() -> None:
@@ -145,16 +166,23 @@ def test_it_is_an_aggregate_callback_that_must_be_enabled_and_the_project_enable
 
 
 PROBE = """
+import os
 import sys
+
+IMPORTED_IN = os.getpid()
 
 
 def loaded(_input):
     return sorted(n for n in sys.modules if n.startswith("FILTERS."))
 
 
+def imported_elsewhere(_input):
+    return os.getpid() != IMPORTED_IN
+
+
 class FilterModule:
     def filters(self):
-        return {"d3_preload_probe": loaded}
+        return {"d3_preload_probe": loaded, "d3_preload_imported_elsewhere": imported_elsewhere}
 """.replace("FILTERS", FILTERS)
 
 
@@ -162,12 +190,14 @@ class FilterModule:
 def test_a_worker_finds_every_filter_file_imported_before_it_calls_one(tmp_path: Path) -> None:
     """Through ansible-playbook with the project's ansible.cfg: a task whose only filter is a probe outside the
     collection (it loads none of the collection's files) sees every d3fleet filter file in its worker's sys.modules,
-    inherited from the controller; with the callback list replaced by another (ANSIBLE_CALLBACKS_ENABLED), none."""
+    inherited from the controller, and the probe's own file imported in another process than the worker (the
+    controller, building ansible-core's filter table); with the callback list replaced by another
+    (ANSIBLE_CALLBACKS_ENABLED), none of the collection's files and the probe imported in the worker itself."""
     (tmp_path / "filter_plugins").mkdir()
     (tmp_path / "filter_plugins/probe.py").write_text(PROBE)
     (tmp_path / "play.yml").write_text(
         "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.debug: {msg: \"{{ 0 | d3_preload_probe }}\"}\n"
+        "    - ansible.builtin.debug: {msg: \"{{ [0 | d3_preload_probe, 0 | d3_preload_imported_elsewhere] }}\"}\n"
     )
 
     def worker_saw(filter_plugins: str = str(tmp_path / "filter_plugins"), **env: str) -> list[str]:
@@ -178,8 +208,8 @@ def test_a_worker_finds_every_filter_file_imported_before_it_calls_one(tmp_path:
         report, _ = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index("{") :])
         return report["plays"][0]["tasks"][0]["hosts"]["localhost"]["msg"]
 
-    assert worker_saw() == filter_modules()
-    assert worker_saw(ANSIBLE_CALLBACKS_ENABLED="ansible.posix.timer") == []
-    # a filter_plugins directory beside the playbook (added when the playbook loads, before the callback builds the
-    # tables) is found as without the callback
-    assert worker_saw(filter_plugins="/nonexistent") == filter_modules()
+    assert worker_saw() == [filter_modules(), True]
+    assert worker_saw(ANSIBLE_CALLBACKS_ENABLED="ansible.posix.timer") == [[], False]
+    # a filter_plugins directory beside the playbook (ansible-playbook adds it before it loads the playbook,
+    # cli/playbook.py) is in the table the callback builds, as in the one a worker would build
+    assert worker_saw(filter_plugins="/nonexistent") == [filter_modules(), True]

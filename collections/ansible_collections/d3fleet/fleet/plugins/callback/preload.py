@@ -27,6 +27,12 @@ description:
     here, every worker inherits it. The controller has already added the playbook's and its roles' plugin directories when it loads
     callbacks (C(PlaybookExecutor.run) calls C(Playbook.load), then C(load_callbacks)), so the table is the one a worker
     would build; a directory added later clears it, and the workers build it again as they did without this plugin.
+    A plugin file that fails there (an exception, C(SystemExit)) leaves no table behind; each worker then builds it and
+    the task reports the error as before.
+  - So every filter and test file outside collections (ansible.builtin's, the configured and the playbook's plugin
+    directories) is imported once in the controller at the start of each run. A file with import-time side effects
+    (printing, opening a socket, seeding a random generator) has them there, once, instead of in each worker that
+    looks a filter or test up. A run that must avoid that leaves this callback out of C(callbacks_enabled).
   - A filter file that fails to import (an exception, or C(SystemExit)) is left alone here; the task that uses it
     reports the error as usual. A run that never calls a C(d3fleet.fleet) filter pays the import once, about
     0.1 s of the controller's CPU.
@@ -46,6 +52,7 @@ EXAMPLES = r"""
 
 import importlib
 import pkgutil
+import sys
 
 from ansible.plugins.callback import CallbackBase
 
@@ -67,17 +74,24 @@ def preload(package: str = FILTERS) -> list[str]:
 
 def jinja_plugin_tables(loaders: tuple | None = None) -> int:
     """Have ansible-core build its tables of non-collection filters and tests (listing a loader's plugins builds it);
-    the number of entries listed. A loader that fails is left alone: the task that needs it reports the error."""
+    the number of entries listed. A loader that fails (an exception or SystemExit from a plugin file) is put back as
+    it was: its table cleared (no partial table for the workers to inherit) and the plugin modules the attempt left in
+    sys.modules removed, so each worker builds the table again and the task that needs it reports the error, as without
+    this plugin."""
     if loaders is None:
         from ansible.plugins.loader import filter_loader, test_loader
 
         loaders = (filter_loader, test_loader)
     listed = 0
     for loader in loaders:
+        before = set(sys.modules)
         try:
             listed += sum(1 for _ in loader.all())
-        except Exception:  # the task that uses a filter or test reports it, with Ansible's own message
-            continue
+        except (Exception, SystemExit):
+            loader._clear_caches()
+            for name in set(sys.modules) - before:
+                if name.startswith(loader.package + "."):
+                    del sys.modules[name]
     return listed
 
 

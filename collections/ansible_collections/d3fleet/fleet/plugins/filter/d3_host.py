@@ -1,4 +1,5 @@
-"""Host-side helpers: free space, Debian version strings, download sizes, and whether a read file must be written."""
+"""Host-side helpers: free space, Debian version strings, installed packages, download sizes, and whether a read file
+must be written."""
 
 from __future__ import annotations
 
@@ -20,6 +21,36 @@ def apt_candidate(policy_output: str) -> str:
     if not match or match.group(1) == "(none)":
         return ""
     return upstream_version(match.group(1))
+
+
+# Debian Policy 5.6.1 (Package): at least two characters, lower case letters (a-z), digits (0-9), plus (+) and minus
+# (-) signs and periods (.), starting with an alphanumeric character. Nothing else reaches the shell command below.
+DEB_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+
+
+def dpkg_status_command(packages: Any) -> str:
+    """The one read the action d3fleet.fleet.apt_present makes before apt: each package's status word
+    (tests/contracts/dpkg/dpkg-query-status.yml). ValueError naming the option when a name is not a package name."""
+    if not isinstance(packages, list) or not packages:
+        raise ValueError("apt_present: name must be a non-empty list of Debian package names")
+    bad = [p for p in packages if not isinstance(p, str) or not DEB_PACKAGE.fullmatch(p)]
+    if bad:
+        raise ValueError(
+            f"apt_present: name {', '.join(map(repr, bad))}: not a Debian package name (Debian Policy 5.6.1: lower case"
+            " letters, digits, '+', '-' and '.', starting with a letter or digit; no version or architecture)"
+        )
+    return "dpkg-query -W -f='${Package} ${db:Status-Status}\\n' -- " + " ".join(packages)
+
+
+def apt_missing(dpkg_output: str, packages: list[str]) -> list[str]:
+    """The packages, in the order asked, that the read of dpkg_status_command does not show as ``installed``: unknown
+    to dpkg (stderr only), or in any other state (config-files, unpacked, half-configured, triggers-pending, ...)."""
+    installed = set()
+    for line in dpkg_output.splitlines():
+        name, _, status = line.partition(" ")
+        if status.strip() == "installed":
+            installed.add(name)
+    return [p for p in packages if p not in installed]
 
 
 def upstream_version(debian_version: str) -> str:

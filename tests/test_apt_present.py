@@ -1,10 +1,9 @@
 """The action d3fleet.fleet.apt_present's read and decision (d3_host.dpkg_status_command, d3_host.apt_missing) against
-real dpkg-query output (tests/contracts/dpkg/dpkg-query-status.yml): apt runs only for a package that is not installed."""
+real output (tests/contracts/dpkg/dpkg-query-status.yml): apt runs only where apt state=present would act."""
 
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,39 +16,55 @@ CONTRACT = yaml.safe_load((Path(__file__).parent / "contracts" / "dpkg" / "dpkg-
 
 
 @pytest.mark.parametrize("capture", CONTRACT["captures"], ids=lambda c: f"{c['dpkg']}-{'-'.join(c['asked'])}")
-def test_missing_is_what_dpkg_does_not_show_installed(capture: dict[str, Any]) -> None:
-    assert apt_missing(capture["stdout"], capture["asked"]) == capture["not_installed"]
+def test_apt_acts_on_what_the_real_read_shows_not_installed_or_automatic(capture: dict[str, Any]) -> None:
+    assert apt_missing(capture["stdout"], capture["asked"]) == capture["apt_acts_on"]
 
 
-def test_only_the_installed_status_word_counts_and_the_order_is_the_one_asked() -> None:
+def test_only_installed_without_the_error_flag_for_this_architecture_and_not_automatic_counts() -> None:
     words = CONTRACT["status_words"]
     assert words[-1] == "installed"
     asked = [f"p{i}" for i in range(len(words))]
     # dpkg prints its lines sorted by name, not in the order asked
-    out = "".join(f"p{i} {word}\n" for i, word in reversed(list(enumerate(words))))
-    assert apt_missing(out, asked) == asked[:-1]
-    assert apt_missing(out, list(reversed(asked))) == list(reversed(asked[:-1]))
-    # a line for another package, a name that only starts like an asked one, an empty read
-    assert apt_missing("bash installed\nhaproxy-x installed\n", ["haproxy", "bash"]) == ["haproxy"]
-    assert apt_missing("", ["a1", "b2"]) == ["a1", "b2"]
-    # a multiarch package with one instance installed, trailing spaces as a terminal would leave them
-    assert apt_missing("lib1 config-files\nlib1 installed  \n", ["lib1"]) == []
+    read = "arch amd64\n" + "".join(f"pkg p{i} amd64 ok {word}\n" for i, word in reversed(list(enumerate(words))))
+    assert apt_missing(read, asked) == asked[:-1]
+    assert apt_missing(read, list(reversed(asked))) == list(reversed(asked[:-1]))
+    ok = "arch amd64\npkg a1 amd64 ok installed\npkg b2 all ok installed\n"
+    assert apt_missing(ok, ["a1", "b2"]) == []
+    # the reinstall-required flag; only a foreign architecture (apt looks the bare name up for the native one)
+    assert apt_missing(ok + "pkg c3 amd64 reinstreq installed\npkg d4 i386 ok installed\n", ["c3", "d4", "a1"]) == ["c3", "d4"]
+    # one architecture installed of two: the native one counts
+    assert apt_missing("arch amd64\npkg e5 i386 config-files\npkg e5 amd64 ok installed\n", ["e5"]) == []
+    # marked automatic for the native architecture (an Architecture: all package is recorded under it); another
+    # architecture's mark is not this one's
+    assert apt_missing(ok + "auto b2 amd64\n", ["a1", "b2"]) == ["b2"]
+    assert apt_missing(ok + "auto a1 i386\n", ["a1"]) == []
+    # no native architecture read, an empty read, a line for another package or a name that only starts alike
+    assert apt_missing("pkg a1 amd64 ok installed\n", ["a1"]) == ["a1"]
+    assert apt_missing("", ["a1"]) == ["a1"]
+    assert apt_missing("arch amd64\npkg a1x amd64 ok installed\npkg z9 amd64 ok installed\n", ["a1"]) == ["a1"]
+    # lines of another shape are not read as one of these
+    assert apt_missing("arch amd64 x\npkg a1 amd64 ok installed\n", ["a1"]) == ["a1"]
+    assert apt_missing("arch amd64\npkg a1 amd64 ok installed extra\n", ["a1"]) == ["a1"]
+    assert apt_missing("arch amd64\npkg a1 amd64 ok installed\nauto a1 amd64 x\nauto a1\n", ["a1"]) == []
 
 
-def test_the_command_is_dpkg_query_with_the_contract_s_format() -> None:
-    command = dpkg_status_command(["podman", "skopeo", "g++", "libc6.1-dev"])
-    argv = shlex.split(command)
-    assert argv == ["dpkg-query", "-W", "-f=${Package} ${db:Status-Status}\\n", "--", "podman", "skopeo", "g++", "libc6.1-dev"]
+def test_the_command_reads_the_architecture_dpkg_and_the_automatic_marks_of_the_names_only() -> None:
+    command = dpkg_status_command(["podman", "g++", "libc6.1-dev"])
+    assert command is not None
+    assert command.startswith("printf 'arch %s\\n' \"$(dpkg --print-architecture)\"; ")
+    fmt = "'pkg ${Package} ${Architecture} ${db:Status-Eflag} ${db:Status-Status}\\n'"
+    assert f"dpkg-query -W -f={fmt} -- podman g++ libc6.1-dev; rc=$?; " in command
+    assert "-v want=' podman g++ libc6.1-dev ' " in command and command.endswith(" /var/lib/apt/extended_states 2>/dev/null; exit $rc")
 
 
-@pytest.mark.parametrize("bad", ["", "a", "Podman", "-rf", "bash;rm", "bash rm", "bash:amd64", "bash=5.2", "$(id)", "b\nc", 7, None])
-def test_a_name_that_is_not_a_package_name_is_refused_naming_it(bad: Any) -> None:
-    with pytest.raises(ValueError) as refused:
-        dpkg_status_command(["bash", bad])
-    assert str(refused.value) == (
-        f"apt_present: name {bad!r}: not a Debian package name (Debian Policy 5.6.1: lower case letters, digits, '+', '-'"
-        " and '.', starting with a letter or digit; no version or architecture)"
-    )
+NOT_PLAIN = ["a", "Podman", "-rf", "bash;rm", "bash rm", "bash:amd64", "bash=5.2", "python3-*", "$(id)", "b\nc", 7, None]
+
+
+@pytest.mark.parametrize("other", NOT_PLAIN)
+def test_a_name_apt_alone_understands_is_not_read(other: Any) -> None:
+    """A version, an architecture, a pattern or anything else that is not a plain name reaches apt (as a module
+    argument, never a shell), not the read."""
+    assert dpkg_status_command(["bash", other]) is None
 
 
 @pytest.mark.parametrize("bad", [[], "podman", None, ("podman",)])
@@ -59,8 +74,14 @@ def test_name_must_be_a_non_empty_list(bad: Any) -> None:
 
 
 def test_the_command_runs_on_this_debian_machine() -> None:
-    """The read on this machine's own dpkg (CI's kind: Debian 12): bash is installed, a made-up name is not."""
-    done = subprocess.run(dpkg_status_command(["bash", "no-such-package-d3fleet"]), shell=True, capture_output=True, text=True, check=False)
+    """The read on this machine's own dpkg (CI's kind: Debian 12): dpkg is installed for the native architecture (it may
+    be marked automatic), a made-up name is unknown (dpkg-query's rc 1)."""
+    native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
+    command = dpkg_status_command(["dpkg", "no-such-package-d3fleet"])
+    assert command is not None
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, check=False)
     assert done.returncode == 1, done
-    assert done.stdout == "bash installed\n"
-    assert apt_missing(done.stdout, ["bash", "no-such-package-d3fleet"]) == ["no-such-package-d3fleet"]
+    lines = done.stdout.splitlines()
+    assert lines[:2] == [f"arch {native}", f"pkg dpkg {native} ok installed"], lines
+    assert set(lines[2:]) <= {f"auto dpkg {native}"}, lines
+    assert apt_missing(done.stdout, ["dpkg", "no-such-package-d3fleet"])[-1:] == ["no-such-package-d3fleet"]

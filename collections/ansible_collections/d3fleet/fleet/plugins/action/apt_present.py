@@ -1,8 +1,8 @@
 # d3fleet.fleet.apt_present: apt's state=present, asked only when a package is missing (documentation:
 # plugins/modules/apt_present.py).
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Wiring only: one dpkg-query read over the connection (no module, no privilege escalation), then
-ansible.builtin.apt with state=present when the read finds a package not installed. The command and the decision are
+"""Wiring only: one read over the connection (dpkg-query and apt's automatic marks; no module, no privilege
+escalation), then ansible.builtin.apt with state=present when the read finds a package apt would act on. The command and the decision are
 the helpers d3_host.dpkg_status_command and d3_host.apt_missing (unit-tested, tests/contracts/dpkg/)."""
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ class ActionModule(ActionBase):
             command = dpkg_status_command(args["name"])
         except ValueError as exc:
             raise AnsibleActionFail(str(exc)) from exc
-        # a read (check mode too); dpkg-query's rc 1 is "some package not found", anything else leaves it to apt
-        read = self._low_level_execute_command(command, sudoable=False)
-        missing = apt_missing(read.get("stdout", ""), args["name"]) if read.get("rc") in (0, 1) else list(args["name"])
+        if command is None:  # a version, an architecture or a pattern in a name: apt alone knows what it means
+            missing = list(args["name"])
+        else:
+            # a read (check mode too); dpkg-query's rc 1 is "some package not found", anything else leaves it to apt
+            read = self._low_level_execute_command(command, sudoable=False)
+            missing = apt_missing(read.get("stdout", ""), args["name"]) if read.get("rc") in (0, 1) else list(args["name"])
         if not missing:
             result.update(changed=False, missing=[], msg=f"installed: {' '.join(args['name'])} (dpkg-query; apt not asked)")
             return result

@@ -24,33 +24,53 @@ def apt_candidate(policy_output: str) -> str:
 
 
 # Debian Policy 5.6.1 (Package): at least two characters, lower case letters (a-z), digits (0-9), plus (+) and minus
-# (-) signs and periods (.), starting with an alphanumeric character. Nothing else reaches the shell command below.
+# (-) signs and periods (.), starting with an alphanumeric character. Only such names reach the shell command below.
 DEB_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+# apt's record of automatically installed packages (Dir::State::extended_states): apt state=present marks the packages
+# it is given as manually installed, so a requested package marked automatic is left to apt
+APT_EXTENDED_STATES = "/var/lib/apt/extended_states"
 
 
-def dpkg_status_command(packages: Any) -> str:
-    """The one read the action d3fleet.fleet.apt_present makes before apt: each package's status word
-    (tests/contracts/dpkg/dpkg-query-status.yml). ValueError naming the option when a name is not a package name."""
+def dpkg_status_command(packages: Any) -> str | None:
+    """The one read the action d3fleet.fleet.apt_present makes before apt (tests/contracts/dpkg/dpkg-query-status.yml):
+    the native architecture, each package's architecture, error flag and status word, and which of them apt marked
+    as automatically installed. None when a name is not a plain package name (a version, an architecture, a
+    pattern: apt alone knows what it means, so the action asks apt). ValueError when there is no name at all."""
     if not isinstance(packages, list) or not packages:
         raise ValueError("apt_present: name must be a non-empty list of Debian package names")
-    bad = [p for p in packages if not isinstance(p, str) or not DEB_PACKAGE.fullmatch(p)]
-    if bad:
-        raise ValueError(
-            f"apt_present: name {', '.join(map(repr, bad))}: not a Debian package name (Debian Policy 5.6.1: lower case"
-            " letters, digits, '+', '-' and '.', starting with a letter or digit; no version or architecture)"
-        )
-    return "dpkg-query -W -f='${Package} ${db:Status-Status}\\n' -- " + " ".join(packages)
+    if not all(isinstance(p, str) and DEB_PACKAGE.fullmatch(p) for p in packages):
+        return None
+    names = " ".join(packages)
+    return (
+        "printf 'arch %s\\n' \"$(dpkg --print-architecture)\"; "
+        "dpkg-query -W -f='pkg ${Package} ${Architecture} ${db:Status-Eflag} ${db:Status-Status}\\n' -- " + names + "; rc=$?; "
+        f"awk -v RS= -v want=' {names} ' '/\\nAuto-Installed: 1/ {{ split($0, f, \"\\n\"); n = \"\"; a = \"\"; "
+        "for (i in f) { if (f[i] ~ /^Package: /) n = substr(f[i], 10); else if (f[i] ~ /^Architecture: /) a = substr(f[i], 15) } "
+        f"if (index(want, \" \" n \" \")) print \"auto\", n, a }}' {APT_EXTENDED_STATES} 2>/dev/null; exit $rc"
+    )
 
 
-def apt_missing(dpkg_output: str, packages: list[str]) -> list[str]:
-    """The packages, in the order asked, that the read of dpkg_status_command does not show as ``installed``: unknown
-    to dpkg (stderr only), or in any other state (config-files, unpacked, half-configured, triggers-pending, ...)."""
-    installed = set()
-    for line in dpkg_output.splitlines():
-        name, _, status = line.partition(" ")
-        if status.strip() == "installed":
-            installed.add(name)
-    return [p for p in packages if p not in installed]
+def apt_missing(read: str, packages: list[str]) -> list[str]:
+    """The packages, in the order asked, that apt state=present would still act on, from the output of
+    dpkg_status_command: not installed for the native architecture or ``all`` (unknown to dpkg, another state such
+    as config-files, unpacked or triggers-pending, the reinstall-required flag, only a foreign architecture), or marked
+    automatically installed (apt would mark it manual). Without the native architecture, every package."""
+    native = ""
+    installed: set[tuple[str, str]] = set()
+    auto: set[tuple[str, str]] = set()
+    for line in read.splitlines():
+        fields = line.split()
+        if fields[:1] == ["arch"] and len(fields) == 2:
+            native = fields[1]
+        elif fields[:1] == ["pkg"] and len(fields) == 5 and fields[3:] == ["ok", "installed"]:
+            installed.add((fields[1], fields[2]))
+        elif fields[:1] == ["auto"] and len(fields) == 3:
+            auto.add((fields[1], fields[2]))
+
+    def present(name: str) -> bool:
+        return bool(native) and bool({(name, native), (name, "all")} & installed) and (name, native) not in auto
+
+    return [p for p in packages if not present(p)]
 
 
 def upstream_version(debian_version: str) -> str:

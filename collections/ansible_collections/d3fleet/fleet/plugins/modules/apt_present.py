@@ -8,22 +8,24 @@ DOCUMENTATION = r"""
 module: apt_present
 short_description: Debian packages present, asking apt only when one is missing
 description:
-  - Reads each package's status with one C(dpkg-query) command over the connection (no Python module, no privilege
-    escalation). When every package is C(installed), reports no change and does not run apt.
+  - Reads, with one shell command over the connection (no Python module, no privilege escalation), the native
+    architecture, each package's status from C(dpkg-query) and apt's record of automatically installed packages.
+    When every package is C(installed) for the native architecture or C(all), without the reinstall-required flag,
+    and not marked automatically installed, reports no change and does not run apt.
   - Otherwise runs M(ansible.builtin.apt) with O(name), C(state=present) and the other options as given, and returns
-    its result. Every name is passed, as a plain apt task would; RV(missing) names those the read did not find.
-  - The same outcome as M(ansible.builtin.apt) C(state=present) for real package names, for a fraction of its cost
-    on a host where they are installed (apt opens its whole cache on every call). A virtual package name is never
-    C(installed) in dpkg's database, so apt is always asked for it.
+    its result. Every name is passed, as a plain apt task would; RV(missing) names those the read found apt would act
+    on (an automatically installed package is one, as apt C(state=present) marks it manually installed).
+  - A name with a version, an architecture or a pattern (anything but a plain package name, Debian Policy 5.6.1) is
+    not read; apt runs with it. A virtual package name is never C(installed) in dpkg's database, so apt always runs.
   - With every package installed, O(update_cache) does not refresh the package lists; they are refreshed only when
-    apt runs, to install.
+    apt runs. Another package on the host with the reinstall-required flag makes apt refuse to run; this read does not
+    look at other packages, so a converged host reports no change.
 version_added: 1.2.0
 author: d3-fleet
 options:
   name:
     description:
-      - Debian package names (Debian Policy 5.6.1), without version or architecture; anything else is refused before
-        any command runs.
+      - Package names as M(ansible.builtin.apt) takes them; only plain names (Debian Policy 5.6.1) reach the read.
     type: list
     elements: str
     required: true
@@ -49,8 +51,11 @@ attributes:
     support: full
     details: As M(ansible.builtin.apt) when it runs.
 notes:
-  - The status words come from C(dpkg-query -W -f='${Package} ${db:Status-Status}\n'), dpkg 1.17.11 and later
-    (tests/contracts/dpkg/dpkg-query-status.yml). An exit status other than 0 or 1 leaves the decision to apt.
+  - The read is C(dpkg --print-architecture), C(dpkg-query -W -f='${Package} ${Architecture} ${db:Status-Eflag}
+    ${db:Status-Status}\n') (dpkg 1.17.11 and later) and the C(Auto-Installed) stanzas of C(/var/lib/apt/extended_states)
+    for the names asked (tests/contracts/dpkg/dpkg-query-status.yml). An exit status other than 0 or 1 leaves the
+    decision to apt.
+  - Unlike M(ansible.builtin.apt), no C(async), no C(module_defaults) for apt, and only the options below.
 seealso:
   - module: ansible.builtin.apt
 """

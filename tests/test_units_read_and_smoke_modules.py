@@ -51,6 +51,28 @@ def test_units_read_describes_files_as_the_template_module_compares_them(tmp_pat
     assert files[str(tmp_path / "missing")] == {"exists": False}
 
 
+def test_units_read_describes_a_symlink_itself_so_the_role_replaces_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A link to a file or directory with the right content, mode and owner is not that file (template and copy replace
+    a link at their destination); a dangling link exists (d3_file_differs: write it either way)."""
+    target, directory = tmp_path / "target", tmp_path / "dir"
+    target.write_text("x\n")
+    target.chmod(0o644)
+    directory.mkdir(mode=0o755)
+    links = {name: tmp_path / name for name in ("to-file", "to-dir", "dangling")}
+    links["to-file"].symlink_to(target)
+    links["to-dir"].symlink_to(directory)
+    links["dangling"].symlink_to(tmp_path / "nowhere")
+    files = run(units_read, capsys, paths=[str(p) for p in (target, *links.values())])["files"]
+    me = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+    assert files[str(target)]["islnk"] is False and files[str(target)]["isreg"] is True
+    assert not d3_host.file_differs(files[str(target)], "file", "0644", hashlib.sha1(b"x\n").hexdigest(), *me)
+    for name, link in links.items():
+        info = files[str(link)]
+        assert (info["exists"], info["islnk"], info["isreg"], info["isdir"], "checksum" in info) == (True, True, False, False, False), name
+        assert d3_host.file_differs(info, "file", "0644", hashlib.sha1(b"x\n").hexdigest(), *me), name
+        assert d3_host.file_differs(info, "directory", "0755", None, *me), name
+
+
 def test_units_read_slurps_and_finds_the_labelled_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     quadlet, classic = tmp_path / "q", tmp_path / "s"
     quadlet.mkdir()

@@ -76,8 +76,8 @@ EXAMPLES = r"""
 RETURN = r"""
 files:
   description: >-
-    Per path: C(exists), C(isdir), C(isreg), C(mode) (4 octal digits), C(uid), C(gid), C(owner), C(group), C(mtime)
-    and, for a regular file, C(checksum) (SHA-1 of its content).
+    Per path (the path itself, a symlink not followed): C(exists), C(isdir), C(isreg), C(islnk), C(mode) (4 octal
+    digits), C(uid), C(gid), C(owner), C(group), C(mtime) and, for a regular file, C(checksum) (SHA-1 of its content).
   type: dict
   returned: always
 slurped:
@@ -109,14 +109,17 @@ from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_labels import INS
 
 
 def describe(path: str) -> dict:
+    # the path itself, not what a symlink points at (as template and copy see a destination: they replace a link with
+    # the file), so a link is neither the file nor the directory a role writes
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         return {"exists": False}
     info = {
         "exists": True,
         "isdir": stat.S_ISDIR(st.st_mode),
         "isreg": stat.S_ISREG(st.st_mode),
+        "islnk": stat.S_ISLNK(st.st_mode),
         "mode": f"{stat.S_IMODE(st.st_mode):04o}",
         "uid": st.st_uid,
         "gid": st.st_gid,

@@ -198,7 +198,11 @@ def test_open_loop_beyond_capacity_goodput_falls_and_latency_grows(bench: dict[s
     assert {t["window"]["ramp_s"] for t in inst["throughput"]} == {0.2} and low["window"]["ramp_s"] == 0.1
     table = "\n".join(str(r["res"].get("msg", "")) for r in bench["run"].results() if r.get("task") == "Print the bench tables")
     assert "Request rate [SIMULATED], open loop" in table and "closed loop" in table
-    assert "from schedule p50" in table and "the generator's own limit, measured in this run" in table
+    assert "the generator's own limit, measured in this run" in table
+    # a driven level prints its figures from the schedule; one the generator could not drive (a loaded 2-core CI machine:
+    # both levels once, 2026-12-04) says so instead, with no server figure
+    for level in (low, high):
+        assert ("from schedule p50" if level["driven"] else f"NOT DRIVEN: {level['not_driven']}") in table, (level["rate"], table)
 
 
 def test_raw_requests_recompute_the_report(bench: dict[str, Any]) -> None:

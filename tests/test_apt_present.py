@@ -85,3 +85,22 @@ def test_the_command_runs_on_this_debian_machine() -> None:
     assert lines[:2] == [f"arch {native}", f"pkg dpkg {native} ok installed"], lines
     assert set(lines[2:]) <= {f"auto dpkg {native}"}, lines
     assert apt_missing(done.stdout, ["dpkg", "no-such-package-d3fleet"])[-1:] == ["no-such-package-d3fleet"]
+
+
+def test_the_automatic_marks_are_read_for_the_names_asked_only(tmp_path: Path) -> None:
+    """The command's awk part on this machine's awk, over an extended_states file of apt's shape: the asked packages
+    marked Auto-Installed: 1 as "auto NAME ARCH" (an unmarked or unasked package, a name that only contains an asked
+    one, a stanza whose Architecture line comes first, nothing else)."""
+    states = tmp_path / "extended_states"
+    states.write_text(
+        "Package: curl\nArchitecture: amd64\nAuto-Installed: 1\n\n"
+        "Package: wget\nArchitecture: amd64\nAuto-Installed: 0\n\n"
+        "Package: libcurl\nArchitecture: amd64\nAuto-Installed: 1\n\n"
+        "Architecture: i386\nPackage: socat\nAuto-Installed: 1\n\n"
+        "Package: haproxy\nArchitecture: amd64\nAuto-Installed: 1\n"
+    )
+    command = dpkg_status_command(["curl", "wget", "socat", "no-such-package-d3fleet"])
+    assert command is not None
+    command = command.replace("/var/lib/apt/extended_states", str(states))
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, check=False)
+    assert [line for line in done.stdout.splitlines() if line.startswith("auto")] == ["auto curl amd64", "auto socat i386"], done

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -153,3 +154,34 @@ def test_instances_answer_decisions_the_smoke_check_accepts(host: Any) -> None:
         response = json.loads(out.stdout)
         assert check(response, questions, SMOKE["d3_smoke_expected_choice"]) == [], (name, response)
         assert sorted(response["answers"]) == sorted(questions), (name, response)
+
+
+def documented_check_differences() -> set[str]:
+    """The tasks docs/converge.md names as changing a different number of times under --check than in the real run on
+    a fresh host (the list between its two `check-differences` markers)."""
+    text = (ROOT / "docs/converge.md").read_text()
+    parts = text.split("<!-- check-differences -->")
+    assert len(parts) == 3, "docs/converge.md: the list of check-mode differences needs its two markers"
+    return set(re.findall(r"^- `([^`]+)`", parts[1], flags=re.M))
+
+
+def test_a_fresh_hosts_check_predicts_the_runs_changes_or_the_docs_list_the_task() -> None:
+    """Issue 35.7: molecule's check step (--check --diff on the fresh hosts) against its converge step, task by task
+    (callback_plugins/d3_change_counts.py wrote both). Every task whose change count differs is listed in
+    docs/converge.md, and every task listed there differs on at least one host (the list cannot go stale)."""
+    out = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "change-counts"
+    check = json.loads((out / "converge-check.json").read_text())
+    run = json.loads((out / "converge-run.json").read_text())
+    assert set(check["recap"]) == set(run["recap"]) == set(EXPECTED), (check["recap"], run["recap"])
+    differ: dict[str, list[str]] = {}
+    for host in sorted(EXPECTED):
+        counts = check["tasks"][host], run["tasks"][host]
+        for task in sorted(counts[0].keys() | counts[1].keys()):
+            if counts[0].get(task, 0) != counts[1].get(task, 0):
+                differ.setdefault(task, []).append(f"{host}: check {counts[0].get(task, 0)}, run {counts[1].get(task, 0)}")
+        print(f"{host}: changed={check['recap'][host]} under --check, changed={run['recap'][host]} in the real run")
+    for task, where in differ.items():
+        print(f"  {task}: {'; '.join(where)}")
+    documented = documented_check_differences()
+    assert not differ.keys() - documented, f"differ and are not listed in docs/converge.md: {sorted(differ.keys() - documented)}"
+    assert not documented - differ.keys(), f"listed in docs/converge.md, do not differ: {sorted(documented - differ.keys())}"

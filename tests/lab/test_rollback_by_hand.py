@@ -48,10 +48,13 @@ def as_run(lines: list[str], values: dict[str, str]) -> str:
 
 
 def run_blocks(values: dict[str, str], blocks: list[tuple[str, list[str]]]) -> list[str]:
-    outputs = []
+    """Each block on its machine, as in one shell session per machine: a block sees the names earlier blocks on the
+    same machine set (the give-back on the router uses the drain's SOCK, BACKEND and SERVER)."""
+    outputs, session = [], {"router": [], "host": []}
     for where, lines in blocks:
         machine = ROUTER if where == "router" else HOST
-        outputs.append(on_host(machine, as_run(lines, values)))
+        outputs.append(on_host(machine, as_run(session[where] + lines, values)))
+        session[where] += [line for line in lines if re.fullmatch(r"[A-Z]+=.*", line)]
     return outputs
 
 

@@ -103,20 +103,20 @@ plan: venv
 # LAB_HOSTS=N: N lab hosts (unset: the lab_hosts role default, 3). LAB_SKIP_IMAGES=1: leave out the image tasks
 # (make demo, right after its own make lab-images).
 lab: venv
-	ansible-playbook playbooks/lab.yml $(if $(LAB_HOSTS),-e lab_hosts_count=$(LAB_HOSTS))$(if $(LAB_SKIP_IMAGES), --skip-tags images)
+	ansible-playbook lab/lab.yml $(if $(LAB_HOSTS),-e lab_hosts_count=$(LAB_HOSTS))$(if $(LAB_SKIP_IMAGES), --skip-tags images)
 
 # the images only (host images, simulator, stand-in debs, wheels): ansible-core is enough, so it starts beside pip
 lab-images: $(VENV)/.installed-core
-	ansible-playbook playbooks/lab.yml --tags images
+	ansible-playbook lab/lab.yml --tags images
 
 lab-down: venv
-	ansible-playbook playbooks/lab-down.yml
+	ansible-playbook lab/lab-down.yml
 
 # lab-down, and the lab's images, build cache and state too: as on a machine that never ran the lab (the packages
 # lab_base installed stay). tools/demo_timing.sh starts the cold demo from there.
 .PHONY: lab-purge
 lab-purge: venv
-	ansible-playbook playbooks/lab-down.yml -e lab_down_purge=true
+	ansible-playbook lab/lab-down.yml -e lab_down_purge=true
 
 # The demo's lab: a Debian 13 host (Quadlet: the 27B on two GPUs, d3-mini, d3-edge), a Debian 12 host (classic units:
 # d3-flash, d3-nano, d3-lite) and the router; `make lab` alone (and make test) starts three hosts.
@@ -224,9 +224,11 @@ $(VENV)/.ee-installed: $(VENV)/.installed requirements-ee.txt
 
 ee: $(VENV)/.ee-installed
 	rm -rf ee/collections ee/context
-	mkdir -p ee/collections/containers ee/collections/d3fleet
+	mkdir -p ee/collections/containers
 	cp -a "$$($(BIN)/python -c 'import ansible_collections.containers.podman as m; print(list(m.__path__)[0])')" ee/collections/containers/podman
-	cp -a collections/ansible_collections/d3fleet/fleet ee/collections/d3fleet/fleet
+	# d3fleet.fleet as users get it: the tarball `ansible-galaxy collection build` packs (docs/install.md)
+	$(BIN)/ansible-galaxy collection build --force --output-path ee/collections collections/ansible_collections/d3fleet/fleet
+	mv ee/collections/d3fleet-fleet-*.tar.gz ee/collections/d3fleet-fleet.tar.gz
 	find ee/collections -name __pycache__ -prune -exec rm -rf {} +
 	$(BIN)/ansible-builder create -f execution-environment.yml -c ee/context --output-filename Containerfile
 	# behind a TLS-intercepting proxy: every stage's RUN gets PIP_CERT as a build ARG (an ARG is not kept in the image)

@@ -239,11 +239,11 @@ def test_the_budget_lines_print_vllms_total(catalog_vars: dict[str, Any]) -> Non
 
 
 def test_the_lab_inventorys_shared_gpus_still_plan(catalog_vars: dict[str, Any]) -> None:
-    """playbooks/vars/lab.yml's hosts (4 L4s each, lab_hosts_gpus_default): d3-lab-host1 shares a GPU between d3-mini
+    """lab/vars/lab.yml's hosts (4 L4s each, lab_hosts_gpus_default): d3-lab-host1 shares a GPU between d3-mini
     and d3-edge (0.45 + 0.25), d3-lab-host2 one among d3-nano and the two d3-lite (0.35 + 0.25 + 0.25)."""
     import yaml
 
-    lab = yaml.safe_load((ROOT / "playbooks/vars/lab.yml").read_text())
+    lab = yaml.safe_load((ROOT / "lab/vars/lab.yml").read_text())
     for host, models in lab["lab_hosts_models"].items():
         result = plan(catalog_vars, 4, *models)
         assert result["errors"] == [], host

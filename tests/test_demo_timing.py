@@ -20,7 +20,7 @@ COLD = """# date: 2026-12-02 14:00:00 UTC
 2.0\t  $(grep -E -i '^(ansible-core|Jinja2|PyYAML)==' requirements.txt)
 12.0\ttouch .venv/.installed-core
 12.1\t.venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-12.2\tansible-playbook playbooks/lab.yml --tags images
+12.2\tansible-playbook lab/lab.yml --tags images
 13.0\tPLAY Bring up the lab services and host images on this machine
 20.0\t  localhost  lab_base          changed 4      7 tasks     7.0 s
 50.0\t  localhost  lab_simulator     changed 2      7 tasks    30.0 s
@@ -30,7 +30,7 @@ COLD = """# date: 2026-12-02 14:00:00 UTC
 71.5\tRECAP
 71.6\t  localhost       ok=88  changed=33  unreachable=0  failures=0  skipped=9  rescued=0  ignored=0
 72.0\tmake lab LAB_HOSTS=2
-72.1\tansible-playbook playbooks/lab.yml -e lab_hosts_count=2
+72.1\tansible-playbook lab/lab.yml -e lab_hosts_count=2
 73.0\tPLAY Bring up the lab services and host images on this machine
 80.0\t  localhost  lab_base          ok             7 tasks     7.0 s
 90.0\tPLAY Provision the lab hosts (inside the containers)
@@ -62,7 +62,7 @@ COLD = """# date: 2026-12-02 14:00:00 UTC
 
 WARM = """# date: 2026-12-02 15:00:00 UTC
 0.0\tmake -j2 venv lab-images
-0.5\tansible-playbook playbooks/lab.yml --tags images
+0.5\tansible-playbook lab/lab.yml --tags images
 1.0\tPLAY Bring up the lab services and host images on this machine
 5.0\t  localhost  lab_base          ok             7 tasks     4.0 s
 9.0\tRECAP

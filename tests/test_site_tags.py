@@ -21,7 +21,7 @@ def listed_tasks(*args: str) -> list[tuple[str, set[str]]]:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tasks = []
     for line in proc.stdout.splitlines():
-        m = re.match(r"^\s{6}(\S+) : (.*)\tTAGS: \[(.*)\]$", line)
+        m = re.match(r"^\s{6}d3fleet\.fleet\.(\S+) : (.*)\tTAGS: \[(.*)\]$", line)
         if m and not m.group(2).startswith("Validating arguments"):
             tasks.append((m.group(1), {t.strip() for t in m.group(3).split(",") if t.strip()}))
     return tasks

@@ -1,6 +1,6 @@
 """Helpers for the lab tests of the router (test_router.py) and of the rollouts through it (test_rollout.py): the
 lab router host, the model with three replicas (d3-lite on d3-lab-host3, and twice on d3-lab-host2 as `spread:
-false` places two replicas on one host: instances d3-lite and d3-lite-2, one served name; playbooks/vars/lab.yml),
+false` places two replicas on one host: instances d3-lite and d3-lite-2, one served name; lab/vars/lab.yml),
 the router's models as the converge published them, and HAProxy's server states.
 
 The lab is a STAND-IN (lab/README.md): the routers reach the hosts through this machine's loopback (published ports)."""

@@ -156,9 +156,9 @@ def test_the_injected_registry_credential_was_used_never_printed_and_logged_out(
 ) -> None:
     # the login ran on every host (its result hidden by no_log), the refusal of a failed login passed, and the role
     # logged out again after the pull: the host's credentials file holds no login afterwards
-    login = task_block(ee_run.stdout, "d3_image : Log in to the image registry")
-    refusal = task_block(ee_run.stdout, "d3_image : Refuse a failed registry login")
-    logout = task_block(ee_run.stdout, "d3_image : Log out of the image registry")
+    login = task_block(ee_run.stdout, "d3fleet.fleet.d3_image : Log in to the image registry")
+    refusal = task_block(ee_run.stdout, "d3fleet.fleet.d3_image : Refuse a failed registry login")
+    logout = task_block(ee_run.stdout, "d3fleet.fleet.d3_image : Log out of the image registry")
     for host in ee_hosts:
         assert re.search(rf"^ok: \[{host}\]", login, re.M), (host, login)
         assert re.search(rf"^ok: \[{host}\]", refusal, re.M), (host, refusal)

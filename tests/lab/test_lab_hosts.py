@@ -36,13 +36,13 @@ from labkit import (
 pytestmark = pytest.mark.lab
 
 SshRunner = Callable[..., subprocess.CompletedProcess[str]]
-LAB_VARS = yaml.safe_load((ROOT / "playbooks/vars/lab.yml").read_text())
+LAB_VARS = yaml.safe_load((ROOT / "lab/vars/lab.yml").read_text())
 
 
 def expected_gpus(host: str) -> dict:
-    """GPU description the lab was configured with: role default merged with playbooks/vars/lab.yml."""
+    """GPU description the lab was configured with: role default merged with lab/vars/lab.yml."""
     defaults = yaml.safe_load((ROOT / "lab/roles/lab_hosts/defaults/main.yml").read_text())
-    overrides = yaml.safe_load((ROOT / "playbooks/vars/lab.yml").read_text()).get("lab_hosts_gpus") or {}
+    overrides = yaml.safe_load((ROOT / "lab/vars/lab.yml").read_text()).get("lab_hosts_gpus") or {}
     return {**defaults["lab_hosts_gpus_default"], **overrides.get(host, {})}
 
 
@@ -212,7 +212,7 @@ def test_make_lab_recreates_a_host_whose_processes_were_killed(
     assert podman("exec", host.name, "true").returncode != 0
 
     # as `make lab LAB_SKIP_IMAGES=1`: the images are the session's `make lab`'s, and what is under test is the hosts
-    lab = ansible_playbook("playbooks/lab.yml", "-e", f"lab_hosts_count={len(lab_hosts)}", "--skip-tags", "images")
+    lab = ansible_playbook("lab/lab.yml", "-e", f"lab_hosts_count={len(lab_hosts)}", "--skip-tags", "images")
     assert lab.returncode == 0, lab.stdout[-3000:] + lab.stderr[-2000:]
     after = podman_json("inspect", host.name)[0]
     assert after["Id"] != before["Id"]

@@ -1,6 +1,6 @@
 """Fleet rollouts on a lab of at least 3 hosts, driven by ansible-runner, through the lab's router. d3-lite has three
 replicas: d3-lab-host3's and two on d3-lab-host2 (instances d3-lite and d3-lite-2, one served name: as `spread:
-false` places them; playbooks/vars/lab.yml), one backend with three servers. Every rollout here uses a copy of the
+false` places them; lab/vars/lab.yml), one backend with three servers. Every rollout here uses a copy of the
 lab inventory where they answer in 1 s (the simulator's D3_SIM_REQUEST_MS, a STAND-IN for long decisions;
 lab/README.md):
 - the controller killed while the canary's first wave is drained (drill 8, the rollout that makes the replicas

@@ -5,7 +5,7 @@
 #
 # cold (default): puts this machine in the newcomer's state first, as far as the project goes:
 #   - the lab down and purged (`make lab-purge`: its containers, services, podman images, /var/cache/d3-lab and
-#     /var/lib/d3-lab; playbooks/lab-down.yml says what exactly). It needs a venv: CHECKOUT's own, else OTHER's
+#     /var/lib/d3-lab; lab/lab-down.yml says what exactly). It needs a venv: CHECKOUT's own, else OTHER's
 #     (--down-with: another checkout of the project whose venv is ready, its make lab-purge), else one made for it
 #     first (not timed), removed with the rest;
 #   - CHECKOUT/.venv removed (only a real directory inside CHECKOUT: a .venv that is a symlink, e.g. to a venv other

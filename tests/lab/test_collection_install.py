@@ -3,7 +3,8 @@ roles, playbooks and plugins, `ansible-galaxy collection install --offline` inst
 directory (no ansible.cfg, no checkout on any path) `d3fleet.fleet.plan` plans the lab inventory and
 `d3fleet.fleet.site` runs against a converged lab host, changing nothing.
 
-Cost: the build and install (about 3 s), plan.yml (about 5 s), one site.yml run on one converged host."""
+Cost: the build and install (about 3 s), plan.yml (about 10 s), one site.yml run on one converged host (76 s without
+pipelining and the preload callback on a loaded machine, 2026-12-04; see the durations of a run for the figure with them)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ COLLECTION = ROOT / "collections/ansible_collections/d3fleet/fleet"
 
 def bare_env(collections: Path) -> dict[str, str]:
     """The environment of a user with only the installed collection: no ANSIBLE_* setting of this checkout (its
-    ansible.cfg, its collections path), the venv's ansible first on PATH."""
+    ansible.cfg, its collections path), the venv's ansible first on PATH, and the two speed settings docs/install.md
+    tells users to copy (SSH pipelining; the installed collection's preload callback), set the way a user's own
+    configuration would set them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    return {**env, "ANSIBLE_COLLECTIONS_PATH": str(collections), "ANSIBLE_NOCOLOR": "1", "PATH": labkit.ANSIBLE_ENV["PATH"]}
+    return {**env, "ANSIBLE_COLLECTIONS_PATH": str(collections), "ANSIBLE_NOCOLOR": "1", "PATH": labkit.ANSIBLE_ENV["PATH"],
+            "ANSIBLE_PIPELINING": "true", "ANSIBLE_CALLBACKS_ENABLED": "d3fleet.fleet.preload"}  # fmt: skip
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from d3_host import apt_missing, dpkg_status_command
+from d3_host import apt_missing, apt_simulate_command, apt_simulated, dpkg_status_command
 
 CONTRACT = yaml.safe_load((Path(__file__).parent / "contracts" / "dpkg" / "dpkg-query-status.yml").read_text())
 
@@ -104,3 +104,28 @@ def test_the_automatic_marks_are_read_for_the_names_asked_only(tmp_path: Path) -
     command = command.replace("/var/lib/apt/extended_states", str(states))
     done = subprocess.run(command, shell=True, capture_output=True, text=True, check=False)
     assert [line for line in done.stdout.splitlines() if line.startswith("auto")] == ["auto curl amd64", "auto socat i386"], done
+
+
+SIMULATE = yaml.safe_load((Path(__file__).parent / "contracts" / "dpkg" / "apt-get-simulate.yml").read_text())
+
+
+@pytest.mark.parametrize("capture", SIMULATE["captures"], ids=lambda c: "-".join(c["asked"]))
+def test_check_mode_reads_what_apt_get_would_install_from_its_real_simulation(capture: dict[str, Any]) -> None:
+    assert apt_simulated(capture["stdout"]) == capture["simulated"]
+
+
+def test_the_simulation_reads_fresh_lists_into_a_temporary_directory_and_installs_nothing() -> None:
+    command = apt_simulate_command(["haproxy", "socat"])
+    opts = '-o "Dir::State::Lists=$d" -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache='
+    assert command == (
+        "set -e; d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; mkdir -p \"$d/partial\"; "
+        f"apt-get {opts} -qq update >/dev/null; apt-get {opts} -s install -- haproxy socat"
+    )
+    # only Inst lines, whole words
+    assert apt_simulated("Inst a (1 x [amd64])\nConf a (1 x [amd64])\nInstall b\n Inst c\nInst\n") == ["a"]
+
+
+@pytest.mark.parametrize("bad", [[], "haproxy", ["haproxy", "bash;rm"], ["haproxy=2.6"], [None]])
+def test_the_simulation_takes_plain_package_names_only(bad: Any) -> None:
+    with pytest.raises(ValueError, match="plain Debian package names only"):
+        apt_simulate_command(bad)

@@ -11,7 +11,7 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from ansible_collections.d3fleet.fleet.plugins.filter.d3_host import apt_missing, dpkg_status_command
+from ansible_collections.d3fleet.fleet.plugins.filter.d3_host import apt_missing, apt_simulate_command, apt_simulated, dpkg_status_command
 
 ARGUMENT_SPEC = {
     "name": {"type": "list", "elements": "str", "required": True},
@@ -46,4 +46,14 @@ class ActionModule(ActionBase):
         result.update(self._execute_module(module_name="ansible.builtin.apt", module_args=apt_args,
                                            task_vars=task_vars))  # fmt: skip
         result["missing"] = missing
+        if result.get("failed") and self._task.check_mode and command is not None and (args["update_cache"] or args["cache_valid_time"]):
+            # apt's check mode does not refresh the package lists the real run refreshes first (a fresh host has
+            # none): ask apt-get's simulation over fresh lists in a temporary directory instead
+            sim = self._low_level_execute_command(apt_simulate_command(missing), sudoable=True)
+            if sim.get("rc") != 0:
+                return {**result, "msg": f"check mode: apt-get cannot install {' '.join(missing)} even from fresh package lists: "
+                                         f"{(sim.get('stderr') or sim.get('stdout') or '').strip()[-2000:]}"}  # fmt: skip
+            installs = apt_simulated(sim.get("stdout", ""))
+            msg = f"check mode: the apt lists are not current; after apt-get update, apt would install {' '.join(installs)}"
+            return {"changed": True, "missing": missing, "simulated": installs, "msg": msg}
         return result

@@ -73,6 +73,29 @@ def apt_missing(read: str, packages: list[str]) -> list[str]:
     return [p for p in packages if not present(p)]
 
 
+# apt-get's options for package lists read into a temporary directory: the host's own lists, caches and package
+# database stay as they are (apt.conf(5): Dir::State::Lists; an empty Dir::Cache::pkgcache / srcpkgcache: no cache file)
+_TMP_LISTS = '-o "Dir::State::Lists=$d" -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache='
+
+
+def apt_simulate_command(packages: list[str]) -> str:
+    """What check mode runs where the real run would refresh apt's package lists before installing
+    (tests/contracts/dpkg/apt-get-simulate.yml): fresh lists read into a temporary directory, then ``apt-get -s
+    install`` (a simulation: nothing is installed). The host's lists are not touched; the directory is removed.
+    Plain package names only (dpkg_status_command's check): anything else is refused."""
+    if not isinstance(packages, list) or not packages or not all(isinstance(p, str) and DEB_PACKAGE.fullmatch(p) for p in packages):
+        raise ValueError(f"apt_present: cannot simulate an install of {packages!r}: plain Debian package names only")
+    return (
+        "set -e; d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; mkdir -p \"$d/partial\"; "
+        f"apt-get {_TMP_LISTS} -qq update >/dev/null; apt-get {_TMP_LISTS} -s install -- {' '.join(packages)}"
+    )
+
+
+def apt_simulated(stdout: str) -> list[str]:
+    """The packages apt-get's simulation would install or upgrade (its ``Inst NAME ...`` lines, in its order)."""
+    return [line.split()[1] for line in stdout.splitlines() if line.startswith("Inst ") and len(line.split()) > 1]
+
+
 def upstream_version(debian_version: str) -> str:
     """'1:4.3.1+ds1-8+deb12u1' -> '4.3.1'."""
     version = debian_version.split(":", 1)[-1]

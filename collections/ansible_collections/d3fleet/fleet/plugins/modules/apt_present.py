@@ -46,7 +46,13 @@ options:
 attributes:
   check_mode:
     support: full
-    details: The C(dpkg-query) read runs in check mode too; apt then runs in check mode.
+    details: >-
+      The C(dpkg-query) read runs in check mode too; apt then runs in check mode. apt's check mode does not refresh the
+      package lists, so on a host whose lists lack a package (a fresh host has none) it fails where the real run
+      would refresh them first and install. There, when O(update_cache) or O(cache_valid_time) is set, the action
+      asks C(apt-get -s install) over fresh lists read into a temporary directory (the host's lists and caches are not
+      touched) and reports the packages apt would install as a change, or fails with apt-get's reason
+      (tests/contracts/dpkg/apt-get-simulate.yml).
   diff_mode:
     support: full
     details: As M(ansible.builtin.apt) when it runs.
@@ -76,4 +82,11 @@ missing:
   type: list
   elements: str
   sample: [haproxy]
+simulated:
+  description: Check mode, lists refreshed into a temporary directory (see O(cache_valid_time)) only, the packages
+    C(apt-get -s install) would install, dependencies included, in its order.
+  returned: when check mode simulated the install
+  type: list
+  elements: str
+  sample: [liblua5.3-0, haproxy, socat]
 """

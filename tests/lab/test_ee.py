@@ -97,7 +97,9 @@ def machine_credential(job_dir: Path, ee_user: tuple[int, int], lab_hosts: list[
 
 def navigator_site(job_dir: Path, extravars: str, agent_sock: str, log: str, limit: str) -> subprocess.CompletedProcess[str]:
     argv = [
-        labkit.venv_tool("ansible-navigator"), "run", "site.yml",
+        # the collection's playbook by its name: the copy `make ee` installed from the built tarball runs (site.yml
+        # of this checkout would find the checkout's collections/ first, next to it)
+        labkit.venv_tool("ansible-navigator"), "run", "d3fleet.fleet.site",
         "-i", str(labkit.LAB_INVENTORY), "-l", limit,
         "--ee", "true", "--eei", EE_IMAGE, "--pull-policy", "never", "--ce", "podman",
         "-m", "stdout", "--pae", "false", "--lf", str(job_dir / log),

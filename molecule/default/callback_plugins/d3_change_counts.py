@@ -39,11 +39,16 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_start(self, playbook: Any) -> None:
         self._playbook = Path(playbook._file_name).stem
+        path, check = self._path(), self._path("check")
+        if path != check and path.exists() and check.exists() and path.stat().st_mtime > check.stat().st_mtime:
+            # a second `molecule converge` after the first: the run to compare with the check is the first one
+            self._playbook = ""
+            return
         # a run that ends before its stats leaves no file of an earlier run behind
-        self._path().unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
 
-    def _path(self) -> Path:
-        mode = "check" if context.CLIARGS.get("check") else "run"
+    def _path(self, mode: str = "") -> Path:
+        mode = mode or ("check" if context.CLIARGS.get("check") else "run")
         return Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent")) / "change-counts" / f"{self._playbook}-{mode}.json"
 
     def v2_runner_on_ok(self, result: Any) -> None:

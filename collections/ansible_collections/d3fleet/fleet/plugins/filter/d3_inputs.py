@@ -30,7 +30,8 @@ PLAIN_PATH = re.compile(r"\A(/[A-Za-z0-9_.@+-]+)+/?\Z|\A/\Z")
 UNIT_NAME = re.compile(r"\A[A-Za-z0-9@_.:-]+\.service\Z")
 SECRET_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,252}\Z")
 WHOLE_SECONDS = re.compile(r"\A[0-9]{1,9}\Z")
-# vllm/engine/arg_utils.py (EngineArgs.add_cli_args): the short names of the flags the planner reads or owns
+# vllm/engine/arg_utils.py (EngineArgs.add_cli_args): the short names of the flags the planner reads or owns (those of
+# the flags it refuses as not modelled, -O, -cc and -sc, are d3_planner.UNMODELLED_SHORT's, kept as the user spelled them)
 SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-q": "--quantization", "-pp": "--pipeline-parallel-size",
                  "-dp": "--data-parallel-size"}  # fmt: skip
 

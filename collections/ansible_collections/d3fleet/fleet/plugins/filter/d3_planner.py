@@ -104,9 +104,12 @@ UNMODELLED_FLAGS = {
 # the model dtype config.json gives ("auto" keeps it), the pooling runner of a classification model ("auto" picks
 # it), no conversion (D3 is a sequence-classification class itself).
 PLANNED_VALUES = {"--dtype": ("auto",), "--runner": ("auto", "pooling"), "--convert": ("auto", "none")}
-# vLLM's single-dash spellings of unmodelled flags (-O3, -O 3, -cc.mode=3, -cc '{...}': the docstring of
-# VllmConfig.compilation_config, vllm/config/vllm.py)
-UNMODELLED_SHORT = re.compile(r"\A(?:(?P<o>-O(?:\d+)?(?:\..*)?)|(?P<cc>-cc(?:\..*)?))\Z")
+# vLLM's single-dash spellings of unmodelled flags, by the group of UNMODELLED_SHORT that reads them: -O3, -O 3 (the
+# parser's own -O handling), -cc.mode=3, -cc '{...}' (the docstring of VllmConfig.compilation_config, vllm/config/vllm.py),
+# -sc '{...}' (`add_argument("--speculative-config", "-sc", ...)`, vllm/engine/arg_utils.py). FlexibleArgumentParser
+# reads a JSON key after a single-dash name too (`processed_arg.startswith("-") and "." in processed_arg`): -sc.method.
+UNMODELLED_SHORT_FLAGS = {"o": "--optimization-level", "cc": "--compilation-config", "sc": "--speculative-config"}
+UNMODELLED_SHORT = re.compile(r"\A(?:(?P<o>-O(?:\d+)?(?:\..*)?)|(?P<cc>-cc(?:\..*)?)|(?P<sc>-sc(?:\..*)?))\Z")
 # The modalities Qwen3.5's vision tower serves (_mark_tower_model(vllm_config, {"image", "video"}), qwen3_5.py)
 TOWER_MODALITIES = ("image", "video")
 # Flags the planner reads or owns: an extra_args flag naming one of them, exactly or by a unique prefix as vLLM's
@@ -634,7 +637,7 @@ class _Planner:
             base = flag.split(".", 1)[0]
             short = UNMODELLED_SHORT.match(flag)
             if short:
-                base = "--optimization-level" if short["o"] else "--compilation-config"
+                base = next(UNMODELLED_SHORT_FLAGS[group] for group, spelled in short.groupdict().items() if spelled)
             if base in OWNED_FLAGS:
                 self.refuse(where, f"extra_args sets {base}, which the planner owns", f"remove it; set {OWNED_FLAGS[base]}")
                 return None

@@ -307,7 +307,11 @@ UNMODELLED = [["--block-size=32"], ["--mamba-ssm-cache-dtype", "float16"], ["--m
               ["--dtype", "float16"], ["--cpu-offload-gb", "2"], ["--hf-overrides", '{"text_config": {}}'],
               ["--mamba-block-size=1024"], ["--mamba-cache-mode", "align"], ["--pooler-config", '{"pooling_type": "LAST"}'],
               ["--runner", "generate"], ["--convert=embed"], ["--compilation-config", '{"mode": 3}'],
-              ["--compilation-config.mode=3"], ["--optimization-level=3"], ["--speculative-config", "{}"]]  # fmt: skip
+              ["--compilation-config.mode=3"], ["--optimization-level=3"], ["--speculative-config", "{}"],
+              # the fourth review: the mirror of --language-model-only, and weight offloading beside --cpu-offload-gb
+              ["--mm-encoder-only"], ["--mm-encoder-o"], ["--offload-group-size", "8"], ["--offload-num-in-group=2"],
+              ["--offload-prefetch-step", "2"], ["--offload-params", "experts"], ["--cpu-offload-params", "experts"],
+              ["--offload-backend", "prefetch"], ["--offload_backend=uva"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("args", UNMODELLED, ids=[a[0] for a in UNMODELLED])
@@ -323,6 +327,32 @@ def test_a_flag_that_changes_vllms_accounting_is_refused_by_name(catalog_vars: d
     assert error == (f"host h: d3_models[0] (d3-edge): extra_args sets {flag}, which changes {UNMODELLED_FLAGS[flag]}; the "
                      "planner does not model it, so it cannot predict vLLM's startup figures or refusals with it. Fix: "
                      f"remove {flag}{'.' + key if key else ''} from d3_models[0].extra_args")  # fmt: skip
+
+
+@pytest.mark.parametrize("args", [["--disable-hybrid-kv-cache-manager"], ["--disable_hybrid_kv_cache_manager"],
+                                  ["--disable-hybrid", "--enforce-eager"]])  # fmt: skip
+def test_disabling_the_hybrid_kv_cache_manager_is_refused_in_vllms_words(catalog_vars: dict[str, Any], args: list[str]) -> None:
+    """Every D3 size mixes Gated DeltaNet layers (MambaSpec) with full attention (FullAttentionSpec): without the hybrid
+    KV cache manager vLLM's unify_hybrid_kv_cache_specs (vllm/v1/core/kv_cache_utils.py) finds no one spec and raises
+    (fourth review). The planner says so, with vLLM's message and the size's own layer counts."""
+    for model, name, full, linear in (("d3-edge", "d3-edge", 3, 9), ("d3", "d3-27b", 16, 48)):
+        (error,) = plan(catalog_vars, 2, {"model": model, "extra_args": args})["errors"]
+        assert error == (f"host h: d3_models[0] ({name}): extra_args sets --disable-hybrid-kv-cache-manager, with which "
+                         f"vLLM refuses to start {model}: 'ValueError: Hybrid KV cache manager is disabled but failed to "
+                         "convert the KV cache specs to one unified type.' (unify_hybrid_kv_cache_specs, "
+                         f"vllm/v1/core/kv_cache_utils.py: its {linear} Gated DeltaNet layers (MambaSpec) and {full} "
+                         "full-attention layers (FullAttentionSpec) convert to no one spec). Fix: remove --disable-hybrid-kv-cache-manager from "
+                         "d3_models[0].extra_args (the planner counts vLLM's hybrid KV cache manager)")  # fmt: skip
+    # a size of one layer type would convert: there the flag is only not modelled (the planner counts two groups)
+    import copy
+
+    from d3_planner import UNMODELLED_FLAGS
+
+    uniform = copy.deepcopy(catalog_vars)
+    uniform["d3_catalog"]["d3-edge"]["architecture"]["text"]["full_attention_interval"] = 1
+    (error,) = plan(uniform, 1, {"model": "d3-edge", "extra_args": args})["errors"]
+    assert ("extra_args sets --disable-hybrid-kv-cache-manager, which changes "
+            f"{UNMODELLED_FLAGS['--disable-hybrid-kv-cache-manager']}; the planner does not model it") in error  # fmt: skip
 
 
 @pytest.mark.parametrize(("args", "flag"), [(["-O3"], "--optimization-level"), (["-O", "0"], "--optimization-level"),
@@ -344,7 +374,7 @@ def test_the_single_dash_spellings_are_refused_too(catalog_vars: dict[str, Any],
 
 
 @pytest.mark.parametrize("args", [["--dtype", "bfloat16"], ["--dtype=auto"], ["--runner", "pooling"], ["--runner=auto"],
-                                  ["--convert", "none"], ["--limit-mm-per-prompt", '{"image": 0}'],
+                                  ["--convert", "none"], ["--offload-backend=auto"], ["--limit-mm-per-prompt", '{"image": 0}'],
                                   ["--limit-mm-per-prompt", '{"image": {"count": 1, "width": 448, "height": 448}, "video": 0}'],
                                   ["--limit-mm-per-prompt.video=0"]])  # fmt: skip
 def test_values_the_planner_already_assumes_are_planned(catalog_vars: dict[str, Any], args: list[str]) -> None:

@@ -66,6 +66,8 @@ BOOLEAN_FLAGS = {
     "--no-enable-chunked-prefill",
     "--skip-mm-profiling",
     "--language-model-only",
+    "--mm-encoder-only",
+    "--disable-hybrid-kv-cache-manager",
 }
 # vLLM flags that change what vLLM computes at startup in a way the planner does not model: with one of them the plan
 # would print figures (or refusals) it cannot predict, so the planner refuses it and names it. What each changes:
@@ -99,11 +101,26 @@ UNMODELLED_FLAGS = {
     "graphs: the profile run's activations and the graph memory the planner counts for eager mode only",
     "--optimization-level": "vLLM's -O level: the compilation and CUDA graph defaults (the planner counts eager mode)",
     "--speculative-config": "the models loaded (a draft model's weights and KV cache) and the mamba cache mode",
+    # the fourth review: the mirror of --language-model-only, the KV cache manager, the other weight offloading flags
+    # (vllm/config/offload.py: UVAOffloadConfig, PrefetchOffloadConfig, OffloadConfig.offload_backend)
+    "--mm-encoder-only": "the model built: no language model (MultiModalConfig.mm_encoder_only: it 'skips the language "
+    "component of the model', vllm/config/multimodal.py), so no language-model weights and no KV cache",
+    "--disable-hybrid-kv-cache-manager": "the KV cache manager: one KV cache spec for every layer (vLLM's "
+    "unify_hybrid_kv_cache_specs), where the planner counts the hybrid manager's groups",
+    "--cpu-offload-params": "which weights --cpu-offload-gb keeps in CPU memory, so the weights in GPU memory",
+    "--offload-backend": "the weight offloading backend (uva, prefetch), so the weights in GPU memory",
+    "--offload-group-size": "the weights in GPU memory (prefetch offloading: the last --offload-num-in-group layers of "
+    "every group of this many kept in CPU memory)",
+    "--offload-num-in-group": "the weights in GPU memory (how many layers of each --offload-group-size group stay in CPU)",
+    "--offload-prefetch-step": "the GPU memory of prefetch offloading (the layers prefetched ahead: 'Higher values hide "
+    "more latency but use more GPU memory')",
+    "--offload-params": "which weights prefetch offloading keeps in CPU memory, so the weights in GPU memory",
 }
 # Values of unmodelled flags that say what the planner already assumes (vLLM's defaults for D3), so they are planned:
 # the model dtype config.json gives ("auto" keeps it), the pooling runner of a classification model ("auto" picks
-# it), no conversion (D3 is a sequence-classification class itself).
-PLANNED_VALUES = {"--dtype": ("auto",), "--runner": ("auto", "pooling"), "--convert": ("auto", "none")}
+# it), no conversion (D3 is a sequence-classification class itself), the default offload backend ("auto": none
+# without an offload size).
+PLANNED_VALUES = {"--dtype": ("auto",), "--runner": ("auto", "pooling"), "--convert": ("auto", "none"), "--offload-backend": ("auto",)}
 # vLLM's single-dash spellings of unmodelled flags, by the group of UNMODELLED_SHORT that reads them: -O3, -O 3 (the
 # parser's own -O handling), -cc.mode=3, -cc '{...}' (the docstring of VllmConfig.compilation_config, vllm/config/vllm.py),
 # -sc '{...}' (`add_argument("--speculative-config", "-sc", ...)`, vllm/engine/arg_utils.py). FlexibleArgumentParser
@@ -324,6 +341,15 @@ def resolved_max_num_seqs(given: int | None, batched: int, gpu_total_mib: int) -
     return given if given is not None else min(default_max_num_seqs(gpu_total_mib), batched)
 
 
+def layer_counts(text: dict[str, Any]) -> tuple[int, int]:
+    """(full-attention layers, Gated DeltaNet layers) of a Qwen3.5 text config: every full_attention_interval-th layer
+    is full attention, the others GDN. A size with both is hybrid: its KV cache has two spec types (FullAttentionSpec,
+    MambaSpec), which vLLM's hybrid KV cache manager groups (kv_cache_figures)."""
+    layers = int(text["num_hidden_layers"])
+    full = layers // int(text["full_attention_interval"])
+    return full, layers - full
+
+
 def tp_refusal(text: dict[str, Any], tp: int, vision: dict[str, Any] | None = None) -> str | None:
     """Why vLLM refuses to start a Qwen3.5 hybrid (config.json ``text``, and ``vision``, its vision_config) at tensor
     parallel size ``tp``, in vLLM's words and in the order vLLM meets the checks; None when every split is even.
@@ -403,9 +429,7 @@ def kv_cache_figures(
     flag: the checkpoint quantizes activations to FP8, as --quantization fp8 does). ``weights_mib``: the whole
     checkpoint's weights in GPU memory. Each term's source is in docs/capacity.md."""
     text = arch["text"]
-    layers = int(text["num_hidden_layers"])
-    full = layers // int(text["full_attention_interval"])
-    linear = layers - full
+    full, linear = layer_counts(text)
     dtype = DTYPE_BYTES[str(text["dtype"])]
     kv_heads = max(1, int(text["num_key_value_heads"]) // tp)  # ModelConfig.get_num_kv_heads
     head_dim = int(text["head_dim"])
@@ -640,6 +664,17 @@ class _Planner:
                 base = next(UNMODELLED_SHORT_FLAGS[group] for group, spelled in short.groupdict().items() if spelled)
             if base in OWNED_FLAGS:
                 self.refuse(where, f"extra_args sets {base}, which the planner owns", f"remove it; set {OWNED_FLAGS[base]}")
+                return None
+            full, linear = layer_counts(entry["architecture"]["text"])
+            if base == "--disable-hybrid-kv-cache-manager" and full and linear:
+                self.refuse(
+                    where,
+                    f"extra_args sets {base}, with which vLLM refuses to start {model}: 'ValueError: Hybrid KV cache "
+                    "manager is disabled but failed to convert the KV cache specs to one unified type.' "
+                    f"(unify_hybrid_kv_cache_specs, vllm/v1/core/kv_cache_utils.py: its {linear} Gated DeltaNet layers "
+                    f"(MambaSpec) and {full} full-attention layers (FullAttentionSpec) convert to no one spec)",
+                    f"remove {flag} from d3_models[{pos}].extra_args (the planner counts vLLM's hybrid KV cache manager)",
+                )
                 return None
             planned = (*PLANNED_VALUES.get(base, ()), *((entry["architecture"]["text"]["dtype"],) if base == "--dtype" else ()))
             if base in UNMODELLED_FLAGS and not (flag == base and value in planned):

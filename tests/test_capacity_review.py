@@ -220,6 +220,25 @@ def test_the_share_refusal_prints_the_arithmetic_it_checks(catalog_vars: dict[st
     assert "22557" not in error
 
 
+def test_the_cap_refusal_prints_the_fractions_it_compares(catalog_vars: dict[str, Any]) -> None:
+    """d3_gpu_share_cap compares the fractions (0.46 + 0.46001 > 0.92); the message once summed whole-MiB floors and
+    printed the shares to 4 decimals: "... (--gpu-memory-utilization 0.46 x 22560 MiB) ... makes 20754 MiB, over the
+    20755 MiB" (fourth review). It now prints the sum it compares, every digit, and its MiB exactly."""
+    items = [{"model": "d3-edge", "name": f"e{i}", "gpus": [0], "extra_args": [f"--gpu-memory-utilization={u}"]}
+             for i, u in enumerate(("0.46", "0.46001"))]  # fmt: skip
+    (error,) = plan(catalog_vars, 1, *items)["errors"]
+    assert error.startswith(
+        "host h: d3_models[1] (e1): VRAM over budget on GPU 0: its share of 10377.83 MiB (--gpu-memory-utilization 0.46001 "
+        "x 22560 MiB) on top of e0 10377.60 MiB (0.46) makes 0.46 + 0.46001 = 0.92001 of the GPU (20755.4256 MiB), over "
+        "the 0.92 (20755.2 MiB) that d3_gpu_share_cap allows on a shared GPU (vLLM needs its share free at start, and the "
+        "driver keeps some). Fix: ")  # fmt: skip
+    # a share already on the GPU reads as given too (it printed 0.22733 as 0.2273)
+    items = [{"model": "d3-edge", "name": f"e{i}", "gpus": [0], "extra_args": [f"--gpu-memory-utilization={u}"]}
+             for i, u in enumerate(("0.22733", "0.2273", "0.2273", "0.2273"))]  # fmt: skip
+    (error,) = plan(catalog_vars, 1, *items)["errors"]
+    assert "beside e0 5128.56 MiB (0.22733), e1 5127.89 MiB (0.2273), e2 5127.89 MiB (0.2273): " in error
+
+
 def test_automatic_placement_uses_vllms_free_memory_too(catalog_vars: dict[str, Any]) -> None:
     items = [{"model": "d3-edge", "name": f"e{i}", "extra_args": ["--gpu-memory-utilization=0.15"]} for i in range(6)]
     (error,) = plan(catalog_vars, 1, *items)["errors"]

@@ -179,7 +179,8 @@ def test_refuses_vram_over_budget_when_sharing(catalog_vars: dict[str, Any]) -> 
     text = refused(
         plan(catalog_vars, [{"model": "d3-flash", "gpus": [0]}, {"model": "d3-mini", "gpus": [0]}], gpus=1),
         "VRAM over budget on GPU 0",
-        "on top of d3-flash 20304 MiB (0.9) makes 30456 MiB, over the 20755 MiB that d3_gpu_share_cap 0.92 allows",
+        "on top of d3-flash 20304 MiB (0.9) makes 0.9 + 0.45 = 1.35 of the GPU (30456 MiB), over the 0.92 (20755.2 MiB) that "
+        "d3_gpu_share_cap allows",
     )
     assert "(d3-mini)" in text
 

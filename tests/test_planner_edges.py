@@ -173,13 +173,13 @@ def test_shares_add_up_on_a_gpu() -> None:
     fixed = [{**m, "gpus": [0]} for m in models]
     result = d3_plan(fixed, catalog, COMMON, l4_gpus(1, 20000), host="h", options={"allow_cuda_graphs": True})
     assert result["errors"] == [
-        "host h: d3_models[3] (s3): VRAM over budget on GPU 0: its share of 5000 MiB (--gpu-memory-utilization 0.25 x 20000 MiB) on top of s0 5000 MiB (0.25), s1 5000 MiB (0.25), s2 5000 MiB (0.25) makes 20000 MiB, over the 18400 MiB that d3_gpu_share_cap 0.92 allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set --gpu-memory-utilization=0.14 in d3_models[3].extra_args (what is left), or move d3_models[3] to another GPU (its `gpus:`) or host"]
+        "host h: d3_models[3] (s3): VRAM over budget on GPU 0: its share of 5000 MiB (--gpu-memory-utilization 0.25 x 20000 MiB) on top of s0 5000 MiB (0.25), s1 5000 MiB (0.25), s2 5000 MiB (0.25) makes 0.25 + 0.25 + 0.25 + 0.25 = 1 of the GPU (20000 MiB), over the 0.92 (18400 MiB) that d3_gpu_share_cap allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set --gpu-memory-utilization=0.14 in d3_models[3].extra_args (what is left), or move d3_models[3] to another GPU (its `gpus:`) or host"]
     # the partial plan: what would run where once the refused instance is fixed
     assert result["partial"][:1] == ["s0: s on GPU 0, port 8000, needs 619 MiB/GPU of its 5000 MiB share; GPU KV cache size: 373,968 tokens, maximum concurrency 23373.25x at 16 tokens (predicted)"]
     assert result["partial"][-1] == "GPU 0: 15000/20000 MiB in shares (s0 5000 MiB, s1 5000 MiB, s2 5000 MiB)"
     two_gpus = d3_plan([*models, {"model": "s", "name": "s4", "extra_args": ["--gpu-memory-utilization=0.9"]}], catalog, COMMON,
                        l4_gpus(2, 20000), host="h", options={"allow_cuda_graphs": True, "gpu_share_cap": 0})  # fmt: skip
-    assert two_gpus["errors"][0].endswith("within d3_gpu_share_cap 0 of each GPU's memory (GPU 0: s4 18000 MiB (0.9); GPU 1: s0 5000 MiB (0.25)). "
+    assert two_gpus["errors"][0].endswith("within d3_gpu_share_cap 0.0 of each GPU's memory (GPU 0: s4 18000 MiB (0.9); GPU 1: s0 5000 MiB (0.25)). "
                                           "Fix: move d3_models[1] to another GPU (its `gpus:`) or host")
     # what is left does not start the instance: the fix says so, with the reason
     # (the cap leaves 0.05, vLLM's free memory 552 MiB beside the three shares and four CUDA contexts)

@@ -220,7 +220,7 @@ def test_split_args() -> None:
 
 
 def test_formatting_of_shares_in_messages(catalog_vars: dict[str, Any]) -> None:
-    for given, shown in (("0.5", "0.5"), ("1", "1"), ("0.12345", "0.1235"), ("1.0", "1")):
+    for given, shown in (("0.5", "0.5"), ("1", "1.0"), ("0.12345", "0.12345"), ("1.0", "1.0")):
         result = plan(catalog_vars, [{"model": "d3-edge", "extra_args": [f"--gpu-memory-utilization={given}"]}])
         if float(given) < 1:
             assert result["instances"][0]["args"][-5:-3] == ["--gpu-memory-utilization", given]

@@ -37,8 +37,8 @@ def test_shares_above_the_cap_on_one_gpu_are_refused(catalog_vars: dict[str, Any
     (error,) = result["errors"]
     assert error == (
         "host l4-a: d3_models[1] (b): VRAM over budget on GPU 0: its share of 11280 MiB (--gpu-memory-utilization 0.5 x "
-        "22560 MiB) on top of a 11280 MiB (0.5) makes 22560 MiB, over the 20755 MiB that d3_gpu_share_cap 0.92 allows on "
-        "a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set "
+        "22560 MiB) on top of a 11280 MiB (0.5) makes 0.5 + 0.5 = 1 of the GPU (22560 MiB), over the 0.92 (20755.2 MiB) "
+        "that d3_gpu_share_cap allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some). Fix: set "
         "--gpu-memory-utilization=0.42 in d3_models[1].extra_args (what is left), or move d3_models[1] to another GPU "
         "(its `gpus:`) or host"
     )

@@ -12,6 +12,7 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 try:  # under Ansible: the collection's own module
@@ -586,6 +587,17 @@ def _fmt(value: float) -> str:
     return text or "0"
 
 
+def _util(value: float) -> str:
+    """A --gpu-memory-utilization (or d3_gpu_share_cap) as the refusals print it: as Python prints the float, every digit
+    given (0.22733, not _fmt's 0.2273), which is also how vLLM's own messages print it."""
+    return str(float(value))
+
+
+def _exact(value: Decimal) -> str:
+    """A decimal sum or product of shares, in full (20755.4256, not 20755): what the cap check compares, unrounded."""
+    return format(value.normalize(), "f")
+
+
 class _Planner:
     def __init__(
         self,
@@ -1140,7 +1152,7 @@ class _Planner:
 
     def _users(self, idx: int) -> str:
         """Who holds how much of a GPU: each instance's share in MiB (and its --gpu-memory-utilization)."""
-        return ", ".join(f"{o['name']} {_mib_text(self.requested(idx, o['util']))} MiB ({_fmt(o['util'])})"
+        return ", ".join(f"{o['name']} {_mib_text(self.requested(idx, o['util']))} MiB ({_util(o['util'])})"
                          for o in self.use[idx]) or "nothing"  # fmt: skip
 
     def _share_refusal(self, idx: int, inst: dict[str, Any]) -> str:
@@ -1152,7 +1164,7 @@ class _Planner:
         if not others:
             return (
                 f"vLLM refuses to start it on GPU {idx}: 'ValueError: Free memory on device cuda:0 ({_gib(max(free, 0))}/"
-                f"{_gib(total)} GiB) on startup is less than desired GPU memory utilization ({_fmt(inst['util'])}, "
+                f"{_gib(total)} GiB) on startup is less than desired GPU memory utilization ({_util(inst['util'])}, "
                 f"{_gib(want)} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.' (its "
                 f"CUDA context of {CUDA_CONTEXT_MIB} MiB sits outside the share: {total // MIB} MiB as torch sees the GPU)"
             )
@@ -1177,12 +1189,16 @@ class _Planner:
         cap = float(self.opt.gpu_share_cap)
         if not self.use[idx] or self.util[idx] + inst["util"] <= cap + 1e-9:
             return self._share_refusal(idx, inst)
-        used = sum(self._mib(idx, o["util"]) for o in self.use[idx])
+        # the check's own arithmetic: the fractions summed against the cap, printed in full (a whole-MiB sum once read
+        # "makes 20754 MiB, over the 20755 MiB" for 0.46 + 0.46001 > 0.92), and what they are of the GPU, exactly
+        utils = [o["util"] for o in self.use[idx]] + [inst["util"]]
+        shares, mem = sum(Decimal(_util(u)) for u in utils), self.memory(idx)
         return (
-            f"VRAM over budget on GPU {idx}: its share of {self._mib(idx, inst['util'])} MiB (--gpu-memory-utilization "
-            f"{_fmt(inst['util'])} x {self.memory(idx)} MiB) on top of {self._users(idx)} makes "
-            f"{used + self._mib(idx, inst['util'])} MiB, over the {int(self.memory(idx) * cap)} MiB that d3_gpu_share_cap "
-            f"{_fmt(cap)} allows on a shared GPU (vLLM needs its share free at start, and the driver keeps some)"
+            f"VRAM over budget on GPU {idx}: its share of {_mib_text(self.requested(idx, inst['util']))} MiB "
+            f"(--gpu-memory-utilization {_util(inst['util'])} x {mem} MiB) on top of {self._users(idx)} makes "
+            f"{' + '.join(_util(u) for u in utils)} = {_exact(shares)} of the GPU ({_exact(shares * mem)} MiB), over the "
+            f"{_util(cap)} ({_exact(Decimal(_util(cap)) * mem)} MiB) that d3_gpu_share_cap allows on a shared GPU (vLLM "
+            "needs its share free at start, and the driver keeps some)"
         )
 
     def _share_fix(self, inst: dict[str, Any], gpus: list[int]) -> str:
@@ -1224,8 +1240,8 @@ class _Planner:
                 where,
                 self._share_refusal(vllm[0], inst) if vllm else
                 f"VRAM over budget: no {inst['tp']} GPU(s) with {self._mib(next(iter(self.util)), inst['util'])} MiB "
-                f"(--gpu-memory-utilization {_fmt(inst['util'])}) left within d3_gpu_share_cap "
-                f"{_fmt(float(self.opt.gpu_share_cap))} of each GPU's memory ({state})",
+                f"(--gpu-memory-utilization {_util(inst['util'])}) left within d3_gpu_share_cap "
+                f"{_util(self.opt.gpu_share_cap)} of each GPU's memory ({state})",
                 self._share_fix(inst, emptiest),
             )  # fmt: skip
             return

@@ -395,7 +395,8 @@ def test_the_single_dash_spellings_are_refused_too(catalog_vars: dict[str, Any],
 @pytest.mark.parametrize("args", [["--dtype", "bfloat16"], ["--dtype=auto"], ["--runner", "pooling"], ["--runner=auto"],
                                   ["--convert", "none"], ["--offload-backend=auto"], ["--limit-mm-per-prompt", '{"image": 0}'],
                                   ["--limit-mm-per-prompt", '{"image": {"count": 1, "width": 448, "height": 448}, "video": 0}'],
-                                  ["--limit-mm-per-prompt.video=0"]])  # fmt: skip
+                                  ["--limit-mm-per-prompt.video=0"], ["--limit-mm-per-prompt.image.count=0"],
+                                  ["--limit-mm-per-prompt.image.width=448", "--limit-mm-per-prompt.video=0"]])  # fmt: skip
 def test_values_the_planner_already_assumes_are_planned(catalog_vars: dict[str, Any], args: list[str]) -> None:
     """config.json's dtype, the pooling runner of a classification model, no conversion, and limits that keep the
     vision tower (one modality, size hints: domain facts 2.3 suggests the image hint) change nothing the planner
@@ -409,7 +410,11 @@ def test_values_the_planner_already_assumes_are_planned(catalog_vars: dict[str, 
 @pytest.mark.parametrize("args", [["--limit-mm-per-prompt", '{"image": 0, "video": 0}'],
                                   ["--limit-mm-per-prompt", '{"image": {"count": 0}, "video": 0}'],
                                   ["--limit-mm-per-prompt.image=0", "--limit-mm-per-prompt.video", "0"],
-                                  ["--limit_mm", '{"video": 0, "image": 0}']])  # fmt: skip
+                                  ["--limit_mm", '{"video": 0, "image": 0}'],
+                                  # the fourth review: vLLM's parser nests a dotted key (--json-arg.key2.key3 value)
+                                  ["--limit-mm-per-prompt.image.count=0", "--limit-mm-per-prompt.video=0"],
+                                  ["--limit-mm-per-prompt.image.count", "0", "--limit-mm-per-prompt.video.count=0"],
+                                  ["--limit-mm-per-prompt", '{"image": 0}', "--limit-mm-per-prompt.video.count=0"]])  # fmt: skip
 def test_limits_that_skip_the_vision_tower_are_refused_like_language_model_only(catalog_vars: dict[str, Any], args: list[str]) -> None:
     """Every modality of Qwen3.5's tower (image, video) at 0 builds no vision tower, as --language-model-only does
     (vLLM: "setting all multimodal modalities to 0 using --language-model-only"): its TP checks and weights go, which
@@ -421,6 +426,18 @@ def test_limits_that_skip_the_vision_tower_are_refused_like_language_model_only(
                          "memory); the planner does not model it, so it cannot predict vLLM's startup figures or refusals "
                          "with it. Fix: remove the 0 limits from d3_models[0].extra_args (a limit above 0, or size hints, "
                          "are planned)")  # fmt: skip
+
+
+def test_a_dotted_limit_nests_as_vllms_parser_reads_it() -> None:
+    """FlexibleArgumentParser (vllm/utils/argparse_utils.py): `--json-arg.key2.key3 value` is {"key2": {"key3": value}};
+    MultiModalConfig takes a mapping's "count" (999 when absent), so image.count=0 is an image limit of 0 (it was read
+    as a modality named "image.count")."""
+    from d3_planner import mm_limits
+
+    assert mm_limits([("--limit-mm-per-prompt.image.count", "0"), ("--limit-mm-per-prompt.video", "0")]) == {"image": 0, "video": 0}
+    assert mm_limits([("--limit-mm-per-prompt.image.width", "448"), ("--limit-mm-per-prompt.image.count", "2")]) == {"image": 2}
+    assert mm_limits([("--limit-mm-per-prompt.image.width", "448")]) == {"image": 999}
+    assert mm_limits([("--limit-mm-per-prompt", '{"image": {"count": 0, "width": 448}}')]) == {"image": 0}
 
 
 @pytest.mark.parametrize("value", ["auto", "-1", "AUTO"])

@@ -265,21 +265,58 @@ def split_args(args: list[Any]) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def mm_limits(flag: str, value: str | None) -> dict[str, Any]:
-    """The per-prompt counts a --limit-mm-per-prompt argument sets, by modality, as vLLM's MultiModalConfig reads them
-    (vllm/config/multimodal.py: a count, or a mapping with "count" and size hints): ``--limit-mm-per-prompt JSON`` or
-    ``--limit-mm-per-prompt.image N``. What does not parse is left to vLLM's parser (it refuses it)."""
-    try:
-        parsed = json.loads(value) if value is not None else None
-    except ValueError:
-        return {}
-    if "." in flag:
-        parsed = {flag.split(".", 1)[1]: parsed}
-    if not isinstance(parsed, dict):
-        return {}
+def _merged(original: dict[str, Any], update: dict[str, Any]) -> None:
+    """FlexibleArgumentParser.parse_args' recursive_dict_update (vllm/utils/argparse_utils.py): mappings merge key by
+    key, lists extend, anything else replaces."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(original.get(key), dict):
+            _merged(original[key], value)
+        elif isinstance(value, list) and isinstance(original.get(key), list):
+            original[key] += value
+        else:
+            original[key] = value
+
+
+def mm_limits(pairs: list[tuple[str, str | None]]) -> dict[str, Any]:
+    """The per-prompt count of each modality the --limit-mm-per-prompt arguments (split_args' pairs) set, as vLLM reads
+    them. FlexibleArgumentParser.parse_args (vllm/utils/argparse_utils.py) nests a dotted one, `--json-arg.key2.key3
+    value` being `{"key2": {"key3": value}}` (the value read as JSON, else as text; a key ending in + appends to a
+    list), and merges the dotted ones into one JSON argument placed after the whole ones. argparse then keeps the last
+    value; the planner merges them all instead (a whole one first), so that at worst it refuses a tower vLLM would
+    build. MultiModalConfig (vllm/config/multimodal.py, _validate_limit_per_prompt) takes an int as the count and a
+    mapping's "count" (BaseDummyOptions: 999 when absent), get_limit_per_prompt gives an unlisted modality 999, and
+    _mark_tower_model builds no tower when every one of its modalities is 0. A count that reads as the number 0 ("0",
+    0.0) is taken as 0; a whole value that is not JSON is left to vLLM's parser (it refuses it)."""
+    parsed: dict[str, Any] = {}
+    for flag, value in sorted(pairs, key=lambda pair: "." in pair[0]):  # the whole ones first, in their order
+        if value is None:
+            continue
+        if "." not in flag:
+            try:
+                whole = json.loads(value)
+            except ValueError:
+                continue
+            _merged(parsed, whole if isinstance(whole, dict) else {})
+            continue
+        keys = flag.split(".")[1:]
+        nested: Any
+        if keys[-1].endswith("+"):
+            keys[-1], nested = keys[-1][:-1], value.split(",")
+        else:
+            try:
+                nested = json.loads(value)
+            except ValueError:
+                nested = value
+        for key in reversed(keys):
+            nested = {key: nested}
+        _merged(parsed, nested)
     counts: dict[str, Any] = {}
     for modality, limit in parsed.items():
-        counts[str(modality)] = limit.get("count") if isinstance(limit, dict) else limit
+        count = limit.get("count", 999) if isinstance(limit, dict) else limit
+        try:
+            counts[str(modality)] = 0 if float(count) == 0 else count
+        except (TypeError, ValueError):
+            counts[str(modality)] = count
     return counts
 
 
@@ -668,7 +705,7 @@ class _Planner:
         }
         eager = bool(self.common["enforce_eager"])
         extra: list[tuple[str, str | None]] = []
-        limits: dict[str, Any] = {}
+        mm_args: list[tuple[str, str | None]] = []
         for flag, value in pairs:
             base = flag.split(".", 1)[0]
             short = UNMODELLED_SHORT.match(flag)
@@ -698,7 +735,7 @@ class _Planner:
                 )
                 return None
             if base == "--limit-mm-per-prompt":  # passed to vLLM, whole or by key; read for the tower's modalities
-                limits.update(mm_limits(flag, value))
+                mm_args.append((flag, value))
                 extra.append((flag, value))
                 continue
             if "." in flag and base in KNOWN_FLAGS:
@@ -717,6 +754,7 @@ class _Planner:
             else:
                 extra.append((flag, value))
 
+        limits = mm_limits(mm_args)
         if all(limits.get(m) == 0 for m in TOWER_MODALITIES):
             # every modality of the tower at 0: vLLM builds no vision tower, as with --language-model-only ("setting
             # all multimodal modalities to 0", vLLM's multimodal docs; domain facts 2.1)

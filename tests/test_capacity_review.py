@@ -463,18 +463,52 @@ def test_the_simulator_makes_no_gdn_convolution_output_in_the_profile_run(catalo
 
 
 # -- the third review: the default max_num_seqs on a GPU of 70 GiB or more -------------------------------------------
-@pytest.mark.parametrize(("total_mib", "seqs"), [(80 * 1024, 1024), (70 * 1024, 1024), (70 * 1024 - 1, 256), (L4, 256)])
+@pytest.mark.parametrize(("total_mib", "name", "seqs"), [(80 * 1024, "NVIDIA H100 80GB HBM3", 1024), (70 * 1024, "", 1024),
+                                                      (70 * 1024 - 1, "", 256), (L4, "NVIDIA L4", 256),
+                                                      (80 * 1024, "NVIDIA A100-SXM4-80GB", 256),
+                                                      (80 * 1024, "nvidia a100 80gb pcie", 256)])  # fmt: skip
 def test_the_default_max_num_seqs_follows_the_gpus_memory_on_both_sides(catalog_vars: dict[str, Any], total_mib: int,
-                                                                         seqs: int) -> None:  # fmt: skip
+                                                                         name: str, seqs: int) -> None:  # fmt: skip
     """EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py): `vllm serve` defaults max_num_seqs to 1024 when
-    device_memory >= 70 GiB (A100s excepted, not modelled), else 256; _set_default_max_num_seqs_and_batched_tokens_args
-    then takes min(max_num_seqs, max_num_batched_tokens). The planner and the simulator, each from that source."""
+    `device_memory >= 70 * GiB_bytes and "a100" not in device_name` (the name lowercased), else 256;
+    _set_default_max_num_seqs_and_batched_tokens_args then takes min(max_num_seqs, max_num_batched_tokens). The planner
+    and the simulator, each from that source (the A100 exception since the fourth review)."""
     arch = catalog_vars["d3_catalog"]["d3-edge"]["architecture"]
-    flags = {"--max-model-len": 4, "--gpu-memory-utilization": 0.9, "--enable-chunked-prefill": True}
+    flags = {"--max-model-len": 4, "--gpu-memory-utilization": 0.9, "--enable-chunked-prefill": True, "gpu_name": name}
     fig = kv_cache_figures(arch, {**flags, "--max-num-batched-tokens": 4096}, total_mib, 1)
-    mem = SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.9, total_mib * 2**20, 4, batched=4096, chunked=True)
+    mem = SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.9, total_mib * 2**20, 4, batched=4096, chunked=True,
+                             device_name=name)  # fmt: skip
     assert fig["max_num_seqs"] == mem["max_num_seqs"] == seqs
-    # the default batch, capped at max_num_seqs x max_model_len (8192 from 70 GiB, 2048 below)
+    # the default batch, capped at max_num_seqs x max_model_len (8192 with the large defaults, 2048 without)
     default = kv_cache_figures(arch, flags, total_mib, 1)["max_num_batched_tokens"]
-    assert default == SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.9, total_mib * 2**20, 4, chunked=True)[
-        "max_num_batched_tokens"] == min(seqs * 4, 8192 if seqs == 1024 else 2048)  # fmt: skip
+    assert default == SIM.startup_memory({"text_config": arch["text"]}, 0, 1, 0.9, total_mib * 2**20, 4, chunked=True,
+                                         device_name=name)["max_num_batched_tokens"] == min(seqs * 4, 8192 if seqs == 1024 else 2048)  # fmt: skip
+
+
+A100 = {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "compute_cap": "8.0"}
+
+
+def test_an_a100_80gb_is_planned_with_vllms_small_batch_defaults(catalog_vars: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fourth review: d3-edge at 4,096 tokens on an A100-SXM4-80GB (81,920 MiB) profiles vLLM's 4,096 tokens
+    (max(max_model_len, 2048) without chunked prefill), not the 8,192 of a large non-A100 GPU: 821,984 tokens, not
+    816,544. The planner reads the name it is given; the simulator its first GPU's, as vLLM's get_device_name()."""
+    def on(gpu: dict[str, Any]) -> dict[str, Any]:
+        result = d3_plan([{"model": "d3-edge", "extra_args": ["--max-model-len=4096"]}], catalog_vars["d3_catalog"],
+                         catalog_vars["d3_catalog_common"], [gpu], "h", {"api_key_set": True, "allow_non_l4": True})  # fmt: skip
+        assert result["errors"] == []
+        return result["instances"][0]["kv_cache"]
+
+    a100 = on(A100)
+    assert (a100["max_num_batched_tokens"], a100["gpu_kv_cache_tokens"]) == (4096, 821984)
+    h100 = on({**A100, "name": "NVIDIA H100 80GB HBM3"})
+    assert (h100["max_num_batched_tokens"], h100["gpu_kv_cache_tokens"]) == (8192, 816544)
+    # the simulator's startup on that GPU logs the same figure
+    gpu = SIM.Gpu(0, A100["name"], "GPU-0", 81920, 0, "580.95.05", "8.0")
+    monkeypatch.setattr(SIM, "CLAIM", SIM.GpuClaim("/nonexistent-claims"))
+    monkeypatch.setattr(SIM, "query_gpus", lambda: [gpu])
+    weights = mib_of_gb(catalog_vars["d3_catalog"]["d3-edge"]["weights_fp8_gb"]) * 2**20
+    model = SIM.Model("vllm-sr/d3-edge", Path("/x"), {"text_config": catalog_vars["d3_catalog"]["d3-edge"]["architecture"]["text"]},
+                      2 * weights)  # fmt: skip
+    args = SIM.parse_args(["--model", model.repo, "--max-model-len", "4096", "--enforce-eager", "--quantization", "fp8",
+                           "--gpu-memory-utilization", "0.25"])  # fmt: skip
+    assert SIM.check_and_plan(args, [gpu], model, lambda _: None).kv_tokens == 821984

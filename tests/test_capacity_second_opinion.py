@@ -3,9 +3,9 @@
 
 The planner (d3_plan / kv_cache_figures) and the simulator (lab/simulator/vllm_sim.py startup_memory, imported
 in-process) are two ports of vLLM's startup accounting, separate code written from vLLM's source (what they share:
-docs/capacity.md "The second opinion"). On a grid of 182 configurations (every catalog size and
+docs/capacity.md "The second opinion"). On a grid of 188 configurations (every catalog size and
 variant, four --max-model-len, two --gpu-memory-utilization; then per size the TP, CUDA-graph, chunked-prefill,
---kv-cache-memory-bytes and short-context branches: grid()) they must agree exactly: the same integer GPU KV cache
+--kv-cache-memory-bytes, short-context and A100 branches: grid()) they must agree exactly: the same integer GPU KV cache
 size, the same maximum concurrency to two decimals, the same attention block and batch, or the same refusal (its
 exception and whole message). Both sides are
 given the same inputs (the checkpoint's weights in GPU memory, the config.json numbers, the GPU); where an input
@@ -36,6 +36,8 @@ L4 = {"name": "NVIDIA L4", "nvidia_smi": 23034, "compute_cap": "8.9"}
 # NVFP4 is planned on compute capability 10.0 only (policy): it is compared on a Blackwell GPU the catalog does not
 # know, where both sides count nvidia-smi's total (and vLLM's 8192-token default batch of a GPU of 70 GiB and more)
 BLACKWELL = {"name": "NVIDIA RTX PRO 6000", "nvidia_smi": 97887, "compute_cap": "12.0"}
+# 80 GiB, but an A100: vLLM's get_batch_defaults keeps the small defaults (`"a100" not in device_name`)
+A100 = {"name": "NVIDIA A100-SXM4-80GB", "nvidia_smi": 81920, "compute_cap": "8.0"}
 
 
 def config(size: str, variant: str, spec: dict[str, Any], entry: dict[str, Any], gpu: dict[str, Any], util: float,
@@ -85,6 +87,7 @@ def grid(catalog_vars: dict[str, Any]) -> list[dict[str, Any]]:
         add(extra=("--kv-cache-memory-bytes=1M",))
         add(length=512)
         add(length=4)  # the default batch capped at max_num_seqs x max_model_len
+        add(A100, length=4096)  # 80 GiB with the small defaults: a 4096-token batch, not 8192
     return out
 
 
@@ -114,7 +117,7 @@ def planner(catalog_vars: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
                 "--max-num-batched-tokens": None if batched is None else parse_bytes(batched),
                 "--max-num-seqs": None if seqs is None else int(seqs),
                 "--kv-cache-memory-bytes": None if kv_bytes is None else parse_bytes(kv_bytes),
-                "fp8_activations": c["online_fp8"] or c["variant"] == "fp8"},
+                "fp8_activations": c["online_fp8"] or c["variant"] == "fp8", "gpu_name": c["gpu"]["name"]},
                 vllm_total_mib(gpus[0], catalog_vars["d3_catalog_common"]["gpu_models"]), c["tp"], c["weights_mib"])  # fmt: skip
             assert fig["refusal"], error
             reason = f"{EXCEPTION[fig['refusal']['kind']]}: {fig['refusal']['message']}"
@@ -151,7 +154,7 @@ def simulator(c: dict[str, Any], weights_mib: int | None = None) -> dict[str, An
                              batched=args.max_num_batched_tokens, chunked=bool(args.enable_chunked_prefill),
                              eager=args.enforce_eager, kv_dtype=args.kv_cache_dtype,
                              kv_cache_memory_bytes=args.kv_cache_memory_bytes, fp8=SIM.activations_fp8(config, args.quantization),
-                             max_num_seqs=args.max_num_seqs)  # fmt: skip
+                             max_num_seqs=args.max_num_seqs, device_name=c["gpu"]["name"])  # fmt: skip
     if mem["stop"]:
         return {"refused": f"{mem['stop'][0]}: {mem['stop'][1]}"}
     return {"tokens": mem["tokens"], "concurrency": round(mem["concurrency"], 2), "block": mem["layout"].block_size,
@@ -187,6 +190,7 @@ def test_the_grid_covers_every_size_and_variant_and_each_branch(catalog_vars: di
                                                      and "out of memory" in p.get("refused", "") for c, p in plans),
         "--kv-cache-memory-bytes below one sequence": any(flag(c, "--kv-cache-memory-bytes") and "To serve at least one request" in p.get("refused", "") for c, p in plans),
         "a context below the attention block": any(c["length"] == 512 and p.get("tokens", 1) % 512 == 0 and p.get("block", 0) > 512 for c, p in plans),
+        "the A100 exception (80 GiB, small defaults)": any(c["gpu"] is A100 and p.get("batched") == 4096 for c, p in plans),
     }  # fmt: skip
     assert [name for name, seen in branch.items() if not seen] == []
 
@@ -216,7 +220,7 @@ def test_the_one_input_the_lab_mirror_gives_differently(catalog_vars: dict[str, 
         arch = catalog_vars["d3_catalog"][c["size"]]["architecture"]
         fig = kv_cache_figures(arch, {"--max-model-len": c["length"], "--gpu-memory-utilization": c["util"],
                                       "--quantization": "fp8" if c["online_fp8"] else None,
-                                      "fp8_activations": c["online_fp8"] or c["variant"] == "fp8"},
+                                      "fp8_activations": c["online_fp8"] or c["variant"] == "fp8", "gpu_name": c["gpu"]["name"]},
                                SIM.torch_total_mib(c["gpu"]["name"], c["gpu"]["nvidia_smi"]), c["tp"], mirror_mib)  # fmt: skip
         plan = {"refused": f"{EXCEPTION[fig['refusal']['kind']]}: {fig['refusal']['message']}"} if fig["refusal"] else {
             "tokens": fig["gpu_kv_cache_tokens"], "concurrency": round(fig["max_concurrency"], 2), "block": fig["block_size"],
@@ -253,6 +257,8 @@ PERTURBATIONS = {
     "simulator's default max_num_seqs": ("sim", "SERVE_MAX_NUM_SEQS", lambda v: v - 1),
     "planner's default max_num_seqs": ("planner", "DEFAULT_MAX_NUM_SEQS", lambda v: v - 1),
     "simulator's block alignment": ("sim", "KV_ALIGNMENT", lambda v: 2 * v),
+    "simulator's A100 exception": ("sim", "serve_large_defaults", lambda v: lambda total, name: total >= 70 * 2**30),
+    "planner's A100 exception": ("planner", "large_batch_defaults", lambda v: lambda total, name="": total >= 70 * 1024),
 }
 
 

@@ -687,8 +687,9 @@ def kv_layout(config: dict[str, Any], kv_dtype: str, tp: int) -> KvLayout:
 #    applied when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default on since v0.21);
 #    available_kv_cache_memory_bytes = requested_memory - non_kv_cache_memory - cudagraph_memory_estimate_applied.
 #  - vllm/engine/arg_utils.py get_batch_defaults: `vllm serve` (UsageContext.OPENAI_API_SERVER) takes
-#    max_num_batched_tokens 2048 and max_num_seqs 256 when device memory < 70 GiB (8192 and 1024 at >= 70 GiB,
-#    `device_memory >= 70 * GiB_bytes and "a100" not in device_name`: the A100 exception is not simulated);
+#    max_num_batched_tokens 2048 and max_num_seqs 256, or 8192 and 1024 when `device_memory >= 70 * GiB_bytes and
+#    "a100" not in device_name` (device_name = current_platform.get_device_name().lower(): for CUDA the NVML name of
+#    the process's device 0, the first GPU it is given, as nvidia-smi names it);
 #    _set_default_max_num_seqs_and_batched_tokens_args: if the user gave none, without chunked prefill
 #    max(max_model_len, default), then min(max_num_seqs * max_model_len, that). profile_run() runs
 #    _dummy_run(max_num_tokens) with max_num_tokens = max_num_batched_tokens.
@@ -696,7 +697,7 @@ def kv_layout(config: dict[str, Any], kv_dtype: str, tp: int) -> KvLayout:
 # (profile_activation_bytes_per_token), the non-torch increase (NON_TORCH_STAND_IN_MIB), the CUDA-graph estimate
 # (the field report's VISION_PROBE_GIB), the CUDA context outside the share (CUDA_CONTEXT_STAND_IN_MIB) and the total
 # torch reports for a GPU (TORCH_TOTAL_MIB).
-SERVE_BATCHED_TOKENS = {False: 2048, True: 8192}  # get_batch_defaults, OPENAI_API_SERVER: below / from 70 GiB
+SERVE_BATCHED_TOKENS = {False: 2048, True: 8192}  # get_batch_defaults, OPENAI_API_SERVER: small / large defaults
 SERVE_MAX_NUM_SEQS = 256  # get_batch_defaults, OPENAI_API_SERVER, below 70 GiB
 SERVE_MAX_NUM_SEQS_FROM_70_GIB = 1024
 # STAND-IN: memory_profiling's non_torch_increase (cuBLAS / NCCL workspaces), measured by vLLM, in no source: 512 MiB
@@ -713,25 +714,30 @@ def torch_total_mib(name: str, nvidia_smi_total_mib: int) -> int:
     return TORCH_TOTAL_MIB.get((name, nvidia_smi_total_mib), nvidia_smi_total_mib)
 
 
+def serve_large_defaults(total_bytes: int, device_name: str) -> bool:
+    """get_batch_defaults: `device_memory >= 70 * GiB_bytes and "a100" not in device_name` (the name lowercased)."""
+    return total_bytes >= 70 * GIB and "a100" not in device_name.lower()
+
+
 def serve_max_num_batched_tokens(given: int | None, max_len: int, chunked: bool, total_bytes: int,
-                                 seqs: int | None = None) -> int:
+                                 seqs: int | None = None, device_name: str = "") -> int:
     """max_num_batched_tokens as `vllm serve` resolves it (arg_utils.py, see above); `seqs`: --max-num-seqs."""
     if given is not None:
         return given
-    tokens = SERVE_BATCHED_TOKENS[total_bytes >= 70 * GIB]
+    tokens = SERVE_BATCHED_TOKENS[serve_large_defaults(total_bytes, device_name)]
     if not chunked:
         tokens = max(max_len, tokens)
-    return min((serve_default_max_num_seqs(total_bytes) if seqs is None else seqs) * max_len, tokens)
+    return min((serve_default_max_num_seqs(total_bytes, device_name) if seqs is None else seqs) * max_len, tokens)
 
 
-def serve_default_max_num_seqs(total_bytes: int) -> int:
-    return SERVE_MAX_NUM_SEQS_FROM_70_GIB if total_bytes >= 70 * GIB else SERVE_MAX_NUM_SEQS
+def serve_default_max_num_seqs(total_bytes: int, device_name: str = "") -> int:
+    return SERVE_MAX_NUM_SEQS_FROM_70_GIB if serve_large_defaults(total_bytes, device_name) else SERVE_MAX_NUM_SEQS
 
 
-def serve_max_num_seqs(given: int | None, batched: int, total_bytes: int) -> int:
+def serve_max_num_seqs(given: int | None, batched: int, total_bytes: int, device_name: str = "") -> int:
     """_set_default_max_num_seqs_and_batched_tokens_args (vllm/engine/arg_utils.py): `if orig_max_num_seqs is None:
     self.max_num_seqs = min(self.max_num_seqs, self.max_num_batched_tokens)`; a given --max-num-seqs is kept."""
-    return min(serve_default_max_num_seqs(total_bytes), batched) if given is None else given
+    return min(serve_default_max_num_seqs(total_bytes, device_name), batched) if given is None else given
 
 
 def scheduler_config_error(batched: int, seqs: int, max_len: int, chunked: bool) -> str | None:
@@ -848,12 +854,13 @@ def profile_activation_bytes_per_token(config: dict[str, Any], tp: int, fp8: boo
 def startup_memory(config: dict[str, Any], weight_bytes: int, tp: int, util: float, total_bytes: int, max_len: int,
                    batched: int | None = None, chunked: bool = False, eager: bool = True, kv_dtype: str = "auto",
                    kv_cache_memory_bytes: int | None = None, fp8: bool = False, others: int = 0,
-                   max_num_seqs: int | None = None) -> dict[str, Any]:
+                   max_num_seqs: int | None = None, device_name: str = "") -> dict[str, Any]:
     """vLLM's startup accounting on one GPU (torch's total_bytes) for a checkpoint of weight_bytes in GPU memory (all
     ranks): the pool, the KV layout and the two figures vLLM logs, or why it stops (``stop``: kind and message).
-    ``others``: memory other processes took during the profile run (counted in non_torch_increase by vLLM)."""
-    tokens = serve_max_num_batched_tokens(batched, max_len, chunked, total_bytes, max_num_seqs)
-    seqs = serve_max_num_seqs(max_num_seqs, tokens, total_bytes)
+    ``others``: memory other processes took during the profile run (counted in non_torch_increase by vLLM).
+    ``device_name``: the GPU's name (get_batch_defaults' A100 exception)."""
+    tokens = serve_max_num_batched_tokens(batched, max_len, chunked, total_bytes, max_num_seqs, device_name)
+    seqs = serve_max_num_seqs(max_num_seqs, tokens, total_bytes, device_name)
     requested = int(total_bytes * util)
     weights = cdiv(weight_bytes, tp)
     peak = tokens * profile_activation_bytes_per_token(config, tp, fp8)
@@ -940,7 +947,7 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
                          batched=args.max_num_batched_tokens, chunked=bool(args.enable_chunked_prefill),
                          eager=args.enforce_eager, kv_dtype=args.kv_cache_dtype,
                          kv_cache_memory_bytes=args.kv_cache_memory_bytes, fp8=activations_fp8(model.config, args.quantization),
-                         max_num_seqs=args.max_num_seqs)
+                         max_num_seqs=args.max_num_seqs, device_name=used[0].name)
     if mem["stop"] and mem["stop"][1].startswith("max_num_batched_tokens"):  # SchedulerConfig, before any engine
         raise SimExit(*mem["stop"], "vllm/config/scheduler.py")
     budget = mem["requested"]
@@ -1003,7 +1010,7 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
             "process allocated (another process allocated during profiling; charged to this instance)")
         mem = startup_memory(model.config, model_weight_bytes(args, model), tp, args.gpu_memory_utilization, total,
                              max_len, args.max_num_batched_tokens, bool(args.enable_chunked_prefill), args.enforce_eager,
-                             args.kv_cache_dtype, None, mem["fp8"], others)
+                             args.kv_cache_dtype, None, mem["fp8"], others, device_name=used[0].name)
     kv_avail = mem["kv"]
     layout = mem["layout"]
     if layout.state_groups and layout.block_size > KV_ALIGNMENT:

@@ -149,8 +149,9 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # block sizes are multiples of 16 (Blackwell's head-size-256 case, 32, does not apply to an L4).
 KERNEL_BLOCK_ALIGNMENT = 16
 # EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py): `vllm serve` (UsageContext.OPENAI_API_SERVER) defaults
-# max_num_batched_tokens to 2048 and max_num_seqs to 256 on a GPU below 70 GiB (`device_memory >= 70 * GiB_bytes and
-# "a100" not in device_name`: 8192 and 1024; the A100 exception is not modelled: the planner does not see the name);
+# max_num_batched_tokens to 2048 and max_num_seqs to 256, and to 8192 and 1024 when `device_memory >= 70 * GiB_bytes
+# and "a100" not in device_name`, device_name being `current_platform.get_device_name().lower()` (an A100 80GB keeps
+# the small defaults; large_batch_defaults reads the GPU's name as nvidia-smi gives it, case-insensitively);
 # _set_default_max_num_seqs_and_batched_tokens_args raises the default to max_model_len when
 # chunked prefill is off and caps it at max_num_seqs x max_model_len. An explicit --max-num-batched-tokens is kept.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -358,25 +359,32 @@ def parse_bytes(text: Any) -> int:
     return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
-def default_batched_tokens(max_len: int, chunked: bool, gpu_total_mib: int, max_num_seqs: int | None = None) -> int:
+def large_batch_defaults(gpu_total_mib: int, gpu_name: str = "") -> bool:
+    """get_batch_defaults' test for its larger defaults: 70 GiB of device memory or more, and not an A100."""
+    return gpu_total_mib >= LARGE_GPU_MIB and "a100" not in gpu_name.lower()
+
+
+def default_batched_tokens(max_len: int, chunked: bool, gpu_total_mib: int, max_num_seqs: int | None = None,
+                           gpu_name: str = "") -> int:  # fmt: skip
     """max_num_batched_tokens as `vllm serve` sets it when --max-num-batched-tokens is not given (EngineArgs.
     get_batch_defaults and _set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py): the cap is
     max_num_seqs (--max-num-seqs, or the default, default_max_num_seqs, before it is itself capped) x max_model_len."""
-    batched = LARGE_GPU_MAX_NUM_BATCHED_TOKENS if gpu_total_mib >= LARGE_GPU_MIB else DEFAULT_MAX_NUM_BATCHED_TOKENS
+    large = large_batch_defaults(gpu_total_mib, gpu_name)
+    batched = LARGE_GPU_MAX_NUM_BATCHED_TOKENS if large else DEFAULT_MAX_NUM_BATCHED_TOKENS
     if not chunked:  # "If max_model_len is too short, use the default for higher throughput."
         batched = max(max_len, batched)
-    return min((default_max_num_seqs(gpu_total_mib) if max_num_seqs is None else max_num_seqs) * max_len, batched)
+    return min((default_max_num_seqs(gpu_total_mib, gpu_name) if max_num_seqs is None else max_num_seqs) * max_len, batched)
 
 
-def default_max_num_seqs(gpu_total_mib: int) -> int:
-    """get_batch_defaults' max_num_seqs for `vllm serve`: 256 below 70 GiB of device memory, 1024 from it."""
-    return LARGE_GPU_MAX_NUM_SEQS if gpu_total_mib >= LARGE_GPU_MIB else DEFAULT_MAX_NUM_SEQS
+def default_max_num_seqs(gpu_total_mib: int, gpu_name: str = "") -> int:
+    """get_batch_defaults' max_num_seqs for `vllm serve`: 1024 with its larger defaults (large_batch_defaults), else 256."""
+    return LARGE_GPU_MAX_NUM_SEQS if large_batch_defaults(gpu_total_mib, gpu_name) else DEFAULT_MAX_NUM_SEQS
 
 
-def resolved_max_num_seqs(given: int | None, batched: int, gpu_total_mib: int) -> int:
+def resolved_max_num_seqs(given: int | None, batched: int, gpu_total_mib: int, gpu_name: str = "") -> int:
     """max_num_seqs as vLLM resolves it (_set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py):
     --max-num-seqs when given, else `min(self.max_num_seqs, self.max_num_batched_tokens)` of the default."""
-    return given if given is not None else min(default_max_num_seqs(gpu_total_mib), batched)
+    return given if given is not None else min(default_max_num_seqs(gpu_total_mib, gpu_name), batched)
 
 
 def layer_counts(text: dict[str, Any]) -> tuple[int, int]:
@@ -464,7 +472,8 @@ def kv_cache_figures(
     ``arch``: the catalog's ``architecture`` (``text``: config.json text_config numbers). ``flags``: vLLM flag values,
     ``--max-model-len`` and ``--gpu-memory-utilization`` (required), ``--enforce-eager``, ``--max-num-batched-tokens``,
     ``--enable-chunked-prefill``, ``--kv-cache-memory-bytes`` (bytes), ``--quantization``; ``fp8_activations`` (not a
-    flag: the checkpoint quantizes activations to FP8, as --quantization fp8 does). ``weights_mib``: the whole
+    flag: the checkpoint quantizes activations to FP8, as --quantization fp8 does), ``gpu_name`` (not a flag: the GPU's
+    name, for get_batch_defaults' A100 exception). ``weights_mib``: the whole
     checkpoint's weights in GPU memory. Each term's source is in docs/capacity.md."""
     text = arch["text"]
     full, linear = layer_counts(text)
@@ -502,8 +511,9 @@ def kv_cache_figures(
     given_seqs = flags.get("--max-num-seqs")
     given_seqs = None if given_seqs is None else int(given_seqs)
     batched = flags.get("--max-num-batched-tokens")
-    batched = default_batched_tokens(max_len, chunked, int(gpu_total_mib), given_seqs) if batched is None else int(batched)
-    max_num_seqs = resolved_max_num_seqs(given_seqs, batched, int(gpu_total_mib))
+    gpu_name = str(flags.get("gpu_name") or "")
+    batched = default_batched_tokens(max_len, chunked, int(gpu_total_mib), given_seqs, gpu_name) if batched is None else int(batched)
+    max_num_seqs = resolved_max_num_seqs(given_seqs, batched, int(gpu_total_mib), gpu_name)
     # the profile run's activation peak per token on one GPU: the residual stream plus the largest layer transient
     hidden, inter = int(text["hidden_size"]), int(text["intermediate_size"])
     q8 = 1 if flags.get("fp8_activations", flags.get("--quantization") == "fp8") else 0
@@ -886,7 +896,7 @@ class _Planner:
             "--enable-chunked-prefill": "--enable-chunked-prefill" in extra_flags,
             "fp8_activations": flags["--quantization"] == "fp8" or variant["activations"] == "fp8",
         }
-        min_mem = min((vllm_total_mib(g, self.common.get("gpu_models")) for g in self.gpus), default=0)
+        min_mem, vllm_flags["gpu_name"] = self.smallest_gpu()
         figures = self.figures(entry, vllm_flags, min_mem, tp, weights_mib)  # no GPU: refused at placement
         short = self.memory_shortfall(figures, max_len)
         if self.gpus and short and length_ok:
@@ -1032,6 +1042,13 @@ class _Planner:
                     )
                     return None
         return resolved
+
+    def smallest_gpu(self, indices: list[int] | None = None) -> tuple[int, str]:
+        """The GPU the figures are computed on: the smallest as vLLM sees it (vllm_total_mib), of ``indices`` or of the
+        host; its total and its name ((0, "") without GPUs: refused at placement)."""
+        gpus = [g for g in self.gpus if indices is None or int(g["index"]) in indices]
+        smallest = min(gpus, key=lambda g: vllm_total_mib(g, self.common.get("gpu_models")), default=None)
+        return (0, "") if smallest is None else (vllm_total_mib(smallest, self.common.get("gpu_models")), str(smallest["name"]))
 
     def figures(self, entry: dict[str, Any], flags: dict[str, Any], total_mib: int, tp: int, weights_mib: int) -> dict[str, Any]:
         """kv_cache_figures for a catalog entry on a GPU of total_mib (d3_vram_overhead_mib: the non-torch margin)."""
@@ -1248,9 +1265,9 @@ class _Planner:
         util = int(left * 100 + 1e-9) / 100
         fix = f"move d3_models[{inst['pos']}] to another GPU (its `gpus:`) or host"
         if util > 0:
-            fig = self.figures(self.catalog[inst["model"]], {**inst["vllm_flags"], "--gpu-memory-utilization": util},
-                               min(vllm_total_mib(g, self.common.get("gpu_models")) for g in self.gpus if int(g["index"]) in gpus),
-                               inst["tp"], inst["weights_mib"])  # fmt: skip
+            total, name = self.smallest_gpu(gpus)
+            fig = self.figures(self.catalog[inst["model"]], {**inst["vllm_flags"], "--gpu-memory-utilization": util,
+                                                             "gpu_name": name}, total, inst["tp"], inst["weights_mib"])  # fmt: skip
             if self.starts(fig):
                 return f"set --gpu-memory-utilization={_fmt(util)} in d3_models[{inst['pos']}].extra_args (what is left), or " + fix
             fix += (

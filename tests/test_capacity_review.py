@@ -512,3 +512,34 @@ def test_an_a100_80gb_is_planned_with_vllms_small_batch_defaults(catalog_vars: d
     args = SIM.parse_args(["--model", model.repo, "--max-model-len", "4096", "--enforce-eager", "--quantization", "fp8",
                            "--gpu-memory-utilization", "0.25"])  # fmt: skip
     assert SIM.check_and_plan(args, [gpu], model, lambda _: None).kv_tokens == 821984
+
+
+def test_memory_taken_during_profiling_keeps_max_num_seqs(catalog_vars: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_and_plan recomputes the pool when another process allocated during the profile run (vLLM charges it to
+    this instance); the recompute dropped --max-num-seqs, so at 512 tokens with chunked prefill and --max-num-seqs 2
+    the default batch went from 2 x 512 = 1,024 to 2,048 tokens (fourth review: 181,760 -> 180,736 tokens in its
+    case; here d3-edge at 0.25 beside 100 MiB taken, 177,664 -> 176,128). The simulator's own startup_memory with
+    that neighbour's memory is what it must log."""
+    others_mib = 100
+    calls = []
+
+    def query() -> list[Any]:  # nothing else on the GPU at the startup snapshot, 100 MiB more after the profile run
+        calls.append(1)
+        return [SIM.Gpu(0, "NVIDIA L4", "GPU-0", 23034, 0 if len(calls) == 1 else others_mib, "580.95.05", "8.9")]
+
+    monkeypatch.setattr(SIM, "CLAIM", SIM.GpuClaim("/nonexistent-claims"))
+    monkeypatch.setattr(SIM, "query_gpus", query)
+    text = catalog_vars["d3_catalog"]["d3-edge"]["architecture"]["text"]
+    weights = mib_of_gb(catalog_vars["d3_catalog"]["d3-edge"]["weights_fp8_gb"]) * 2**20
+    model = SIM.Model("vllm-sr/d3-edge", Path("/x"), {"text_config": text}, 2 * weights)
+    args = SIM.parse_args(["--model", model.repo, "--max-model-len", "512", "--enforce-eager", "--quantization", "fp8",
+                           "--gpu-memory-utilization", "0.25", "--enable-chunked-prefill", "--max-num-seqs", "2"])  # fmt: skip
+    plan_ = SIM.check_and_plan(args, [SIM.Gpu(0, "NVIDIA L4", "GPU-0", 23034, 0, "580.95.05", "8.9")], model, lambda _: None)
+    assert len(calls) == 2  # the startup snapshot and the one after profiling
+    expect = SIM.startup_memory({"text_config": text}, weights, 1, 0.25, L4 * 2**20, 512, chunked=True, fp8=True,
+                                others=others_mib * 2**20, max_num_seqs=2)  # fmt: skip
+    assert expect["max_num_batched_tokens"] == 1024
+    assert plan_.kv_tokens == expect["tokens"] == 177664
+    # what the recompute gave without --max-num-seqs: vLLM's 2,048-token batch
+    assert SIM.startup_memory({"text_config": text}, weights, 1, 0.25, L4 * 2**20, 512, chunked=True, fp8=True,
+                              others=others_mib * 2**20)["tokens"] == 176128  # fmt: skip

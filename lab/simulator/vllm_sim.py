@@ -1010,7 +1010,8 @@ def check_and_plan(args: argparse.Namespace, gpus: list[Gpu], model: Model, slee
             "process allocated (another process allocated during profiling; charged to this instance)")
         mem = startup_memory(model.config, model_weight_bytes(args, model), tp, args.gpu_memory_utilization, total,
                              max_len, args.max_num_batched_tokens, bool(args.enable_chunked_prefill), args.enforce_eager,
-                             args.kv_cache_dtype, None, mem["fp8"], others, device_name=used[0].name)
+                             args.kv_cache_dtype, None, mem["fp8"], others, max_num_seqs=args.max_num_seqs,
+                             device_name=used[0].name)
     kv_avail = mem["kv"]
     layout = mem["layout"]
     if layout.state_groups and layout.block_size > KV_ALIGNMENT:

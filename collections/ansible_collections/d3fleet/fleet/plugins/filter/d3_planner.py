@@ -473,8 +473,8 @@ def kv_cache_figures(
     ``--max-model-len`` and ``--gpu-memory-utilization`` (required), ``--enforce-eager``, ``--max-num-batched-tokens``,
     ``--enable-chunked-prefill``, ``--kv-cache-memory-bytes`` (bytes), ``--quantization``; ``fp8_activations`` (not a
     flag: the checkpoint quantizes activations to FP8, as --quantization fp8 does), ``gpu_name`` (not a flag: the GPU's
-    name, for get_batch_defaults' A100 exception). ``weights_mib``: the whole
-    checkpoint's weights in GPU memory. Each term's source is in docs/capacity.md."""
+    name, for get_batch_defaults' A100 exception). ``weights_mib``: the whole checkpoint's weights in GPU memory. Each
+    term's source is in docs/capacity.md."""
     text = arch["text"]
     full, linear = layer_counts(text)
     dtype = DTYPE_BYTES[str(text["dtype"])]
@@ -724,8 +724,8 @@ class _Planner:
             if base in OWNED_FLAGS:
                 self.refuse(where, f"extra_args sets {base}, which the planner owns", f"remove it; set {OWNED_FLAGS[base]}")
                 return None
-            full, linear = layer_counts(entry["architecture"]["text"])
-            if base == "--disable-hybrid-kv-cache-manager" and full and linear:
+            if base == "--disable-hybrid-kv-cache-manager" and all(counts := layer_counts(entry["architecture"]["text"])):
+                full, linear = counts
                 self.refuse(
                     where,
                     f"extra_args sets {base}, with which vLLM refuses to start {model}: 'ValueError: Hybrid KV cache "

@@ -183,9 +183,10 @@ def a_a_family(rng: random.Random, instances: int, k: int, shift: float = 1.0, s
 
 
 def test_synthetic_a_a_flags_no_more_than_the_stated_rate() -> None:
-    """The issue's setting: 8 instances x 2 latency tests (plus throughput, accuracy and calibration: 40 tests), run-
-    to-run variation 2 %, nothing changed, 200 comparisons with 5 runs a side: Holm keeps the chance of any false flag
-    in a comparison at or below 5 % (the old per-test intervals gave 38 % in the ideal case)."""
+    """The issue's setting: 8 instances x 2 latency tests (plus throughput, accuracy, failed requests and
+    calibration: 48 figures, 24 tested), run-to-run variation 2 %, nothing changed, 200 comparisons with 5 runs a
+    side: Holm keeps the chance of any false flag in a comparison at or below 5 % (the old per-test intervals gave
+    38 % in the ideal case)."""
     rng = random.Random(34)
     flagged = sum(any(f["changed"] for f in a_a_family(rng, 8, 5)["family"]) for _ in range(200))
     print(f"A/A: {flagged}/200 comparisons with a false flag ({flagged / 2:.1f} %; stated: 5 % family-wise)")
@@ -193,7 +194,7 @@ def test_synthetic_a_a_flags_no_more_than_the_stated_rate() -> None:
 
 
 def test_synthetic_ten_percent_latency_shift_is_flagged_with_five_runs_a_side() -> None:
-    """Every instance 10 % slower (2 % run-to-run variation, 5 runs a side, the same 40-test family): the share of
+    """Every instance 10 % slower (2 % run-to-run variation, 5 runs a side, the same family): the share of
     the 16 shifted latency figures flagged (the power), and how often an unchanged figure was flagged."""
     rng = random.Random(10)
     hits = false = 0

@@ -10,6 +10,8 @@ Per instance both reports benched (host/name), every figure that can be tested i
   wrong -> right flips are listed by case and question and judged by the exact McNemar test (two-sided binomial test
   of the discordant pairs: d3_bench_stats.mcnemar_exact). With greedy answers every flip is a real change of answer;
   the test says whether the flips are beyond what chance would shuffle;
+- failed requests, paired the same way: per (case, question) failed or not, the newly failing and the no longer
+  failing listed and judged by the same exact McNemar test (paired_failures): a build returning errors is flagged;
 - calibration, paired the same way: per question the proper score (Brier for choice and noul, RPS for score) new -
   old, judged by the exact sign-flip permutation test of their mean (d3_bench_stats.sign_flip_p);
 - latency (2- and 4-question, one at a time) and closed-loop throughput per concurrency, on RUN-LEVEL figures: each
@@ -94,6 +96,27 @@ def paired_accuracy(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] 
            "p": st.mcnemar_exact(len(worse), len(better))}
     if not worse and not better:
         out["untestable"] = "no flips: the test cannot reject"
+    return out
+
+
+def paired_failures(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """Failed requests (no HTTP 200: _sent), paired per (case, question) asked in both runs, the accuracy test's unit:
+    the questions that newly fail and those that no longer fail, listed as "case/question", judged by the same exact
+    McNemar test; None when a report carries no per-question rows. Before the statistician's fourth review failed
+    requests were only counted, never tested: a build answering HTTP 500 to 6 of 10 cases (18 questions) showed 0
+    flips and nothing CHANGED; now 0 -> 18 failures gives p 2 x 2^-18 = 7.6e-6, CHANGED. Nothing newly failing
+    or recovered: `untestable`, left out of the family (compare)."""
+    before, after = _pairs(old, new)
+    asked = [k for k in after if k in before]
+    if not asked:
+        return None
+    worse = [f"{c}/{q}" for c, q in asked if _sent(before[(c, q)]) and not _sent(after[(c, q)])]
+    better = [f"{c}/{q}" for c, q in asked if not _sent(before[(c, q)]) and _sent(after[(c, q)])]
+    out = {"test": "exact McNemar", "pairs": len(asked), "old": sum(not _sent(before[k]) for k in asked),
+           "new": sum(not _sent(after[k]) for k in asked), "newly_failed": worse, "no_longer_failed": better,
+           "p": st.mcnemar_exact(len(worse), len(better))}
+    if not worse and not better:
+        out["untestable"] = "no request newly failed or recovered: the test cannot reject"
     return out
 
 
@@ -219,6 +242,7 @@ def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alph
             "instance": key, "model": inst["model"],
             "image": ((was.get("record") or {}).get("image_ref"), (inst.get("record") or {}).get("image_ref")),
             "accuracy": paired_accuracy(was, inst),
+            "failures": paired_failures(was, inst),
             "calibration": {kind: paired_calibration(was, inst, kind) for kind, _ in KINDS},
             "latency": {q: run_level(_latency_runs(was, q), _latency_runs(inst, q), alpha=alpha) for q in ("q2", "q4")},
             "throughput": {c: run_level(closed_old[c], closed_new[c], step.get(c), alpha)
@@ -226,7 +250,8 @@ def compare(old: dict[str, Any], new: dict[str, Any], method: str = "holm", alph
         })
     tests = []
     for r in rows:
-        figures = [("accuracy", r["accuracy"]), *((f"calibration {k}", r["calibration"][k]) for k, _ in KINDS),
+        figures = [("accuracy", r["accuracy"]), ("failed requests", r["failures"]),
+                   *((f"calibration {k}", r["calibration"][k]) for k, _ in KINDS),
                    *((f"latency {q}", r["latency"][q]) for q in ("q2", "q4")),
                    *((f"closed loop c={c}", d) for c, d in r["throughput"].items())]
         tests += [(r["instance"], name, d) for name, d in figures
@@ -284,7 +309,7 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
     lines = [f"bench-compare{sim}: {old.get('generated')} -> {new.get('generated')}",
              f"  one family of {result['tests']} tests ({', '.join(kinds) or 'none'}; over every instance below), "
              f"{result['method']}: CHANGED where the adjusted p <= {result['alpha']:g}",
-             "  accuracy and calibration paired per question (exact McNemar; sign-flip, exact up to 32 pairs); latency "
+             "  accuracy, failed requests and calibration paired per question (exact McNemar; sign-flip, exact up to 32 pairs); latency "
              "and throughput on run-level figures (each run's median, or its requests/s), ratio new/old of their geometric means",
              "  intervals: 95 % unadjusted, and adjusted: Holm, and BH's unflagged, at the level the verdict used "
              "(alpha x p / adjusted p: it excludes 1 exactly when CHANGED; no simultaneous coverage claimed), BH's "
@@ -308,6 +333,13 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
                       f"{_p(a)}{_flag(a)}",
                       f"    right->wrong: {', '.join(a['right_to_wrong']) or '-'}",
                       f"    wrong->right: {', '.join(a['wrong_to_right']) or '-'}"]
+        e = r["failures"]
+        if e is not None:
+            lines += [f"  failed requests {e['old']}/{e['pairs']} -> {e['new']}/{e['pairs']} questions without an HTTP 200 "
+                      f"reply: newly failing {len(e['newly_failed'])}, no longer failing {len(e['no_longer_failed'])}; "
+                      f"exact McNemar {_p(e)}{_flag(e)}",
+                      f"    newly failing: {', '.join(e['newly_failed']) or '-'}",
+                      f"    no longer failing: {', '.join(e['no_longer_failed']) or '-'}"]
         for kind, label in KINDS:
             c = r["calibration"][kind]
             if c is not None:

@@ -1,0 +1,59 @@
+"""The statistician's fourth review of the bench (2026-12-04): a build that returns errors is flagged (failed requests
+paired per question, exact McNemar); Holm's family keeps only tests that can reject at their step (Tarone's rule); a
+request still running at the open loop's join deadline is censored in the latency from the schedule; the permutation
+fallback's line says which side is flat."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import testkit
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "collections"))
+
+from ansible_collections.d3fleet.fleet.plugins.filter import d3_bench as f  # noqa: E402
+from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_bench_stats as st  # noqa: E402
+
+bc = testkit.load_file("bench_compare", ROOT / "tools/bench_compare.py")
+
+Q = {"type": "noul", "instructions": "x?"}
+SUITE = {"questions": {"a": Q, "b": Q, "c": Q},
+         "cases": [{"id": f"k{i}", "state": "s", "expect": {"a": True, "b": True, "c": False}} for i in range(10)]}
+OK = {"a": {"noul": 0.9}, "b": {"noul": 0.8}, "c": {"noul": 0.1}}
+
+
+def inst(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"host": "h", "name": "n", "model": "m", "health": 200, "score": f.score_cases(cases, SUITE),
+            "latency": {}, "throughput": []}
+
+
+def test_a_build_that_returns_errors_is_flagged() -> None:
+    """Review item 1: the old build answers everything, the new returns HTTP 500 to 6 of 10 cases (health still 200).
+    Before: failed requests were only counted; 0 flips, accuracy not tested, nothing CHANGED (with every request 500:
+    0 tests). Now the failed/not-failed flag is paired per question like the accuracy: 0 -> 18 failures, exact
+    McNemar p 2 x 2^-18, CHANGED, the newly failing questions listed."""
+    old = [{"id": f"k{i}", "status": 200, "answers": OK} for i in range(10)]
+    new = [{"id": f"k{i}", "status": 500 if i < 6 else 200, "answers": None if i < 6 else OK} for i in range(10)]
+    out = bc.compare({"instances": [inst(old)]}, {"instances": [inst(new)]})
+    e, a = out["rows"][0]["failures"], out["rows"][0]["accuracy"]
+    assert (e["old"], e["new"], e["pairs"], e["no_longer_failed"]) == (0, 18, 30, [])
+    assert e["newly_failed"] == [f"k{i}/{q}" for i in range(6) for q in "abc"]
+    assert e["p"] == st.mcnemar_exact(18, 0) and math.isclose(e["p"], 2 * 2**-18) and e["adjusted_p"] == e["p"] and e["changed"] is True
+    assert a["untestable"] and a["changed"] is False  # the accuracy pairs still leave the failed questions out
+    assert [(fam["figure"], fam["changed"]) for fam in out["family"]] == [("failed requests", True)]
+    lines = bc.table(out, {}, {})
+    assert any(ln.startswith("  failed requests 0/30 -> 18/30 questions without an HTTP 200 reply: newly failing 18, "
+                             "no longer failing 0; exact McNemar p 7.63e-06, adjusted 7.63e-06 CHANGED") for ln in lines)
+    assert "    newly failing: k0/a, k0/b, k0/c, k1/a" in "\n".join(lines)
+    # every request 500: the one figure left is tested and flagged
+    new = [{"id": f"k{i}", "status": 500, "answers": None} for i in range(10)]
+    out = bc.compare({"instances": [inst(old)]}, {"instances": [inst(new)]})
+    assert out["tests"] == 1 and math.isclose(out["rows"][0]["failures"]["p"], 2 * 2**-30) and out["rows"][0]["failures"]["changed"]
+    # the same failures on both sides: nothing newly fails, the test cannot reject, it is not in the family
+    out = bc.compare({"instances": [inst(new)]}, {"instances": [inst(new)]})
+    e = out["rows"][0]["failures"]
+    assert e["untestable"] and e["changed"] is False and out["tests"] == 0

@@ -110,7 +110,8 @@ def test_the_interval_beside_a_verdict_is_at_the_verdict_s_level() -> None:
     verdict's level (1 - 0.05 x p / adjusted p) contains 1; instance b 10 % slower is CHANGED and its adjusted interval
     excludes 1 and is wider than its 95 % one. The printed line carries both, labelled."""
     base = [100.0, 102.0, 98.0, 101.0, 99.0]
-    was, now, prop = [True, False, True, False], [False, True, True, False], [0.2, 0.0, 0.1, 0.1]  # testable: 6 tests
+    # 12 flips and 12 non-zero differences, balanced (p 1), can reach alpha/6 (Tarone's rule): 6 tests
+    was, now, prop = [True, False] * 6, [False, True] * 6, [0.2, 0.0] * 6
     old = report(inst("a", was, base), inst("b", was, base))
     new = report(inst("a", now, [x * 1.03 for x in base[1:] + base[:1]], proper=prop),
                  inst("b", now, [x * 1.1 for x in base], proper=prop))

@@ -57,3 +57,47 @@ def test_a_build_that_returns_errors_is_flagged() -> None:
     out = bc.compare({"instances": [inst(new)]}, {"instances": [inst(new)]})
     e = out["rows"][0]["failures"]
     assert e["untestable"] and e["changed"] is False and out["tests"] == 0
+
+
+def family_with_a_flat_closed_loop(latency_instances: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """16.0 x5 -> 8.0 x5 requests/s without windows (the exact permutation test: smallest p 2/252) on instance i0,
+    beside 2 unchanged latency figures (Welch on 5 + 5 runs, 2 % apart) per instance."""
+    def side(shift: int) -> dict[str, Any]:
+        out = []
+        for n in range(latency_instances):
+            runs = [100.0 * (1 + 0.02 * ((j + shift + n) % 5 - 2)) for j in range(5)]
+            out.append({"host": "h", "name": f"i{n}", "model": "m", "health": 200,
+                        "latency": {q: {"runs": [{"p50": x} for x in runs]} for q in ("q2", "q4")}, "throughput": []})
+        out[0]["throughput"] = [{"concurrency": 16, "runs": [{"requests_per_s": 16.0 if shift == 0 else 8.0}] * 5}]
+        return {"instances": out}
+
+    return side(0), side(1)
+
+
+def test_a_test_that_cannot_reject_at_alpha_over_k_is_not_in_holm_s_family() -> None:
+    """Review item 2: the permutation test's smallest p at 5 + 5 runs is 2/252 = 0.0079; beside 8 latency figures
+    (m = 9) it was kept (0.0079 <= alpha) and adjusted to 9 x 0.0079 = 0.071: never CHANGED, yet it made every other
+    test stricter. Tarone's rule (Biometrics 46 (1990) 515-522): K = 8, 0.0079 > 0.05/8, left out, m = 8. At m <= 6
+    (5 latency figures beside it) it stays and is CHANGED. Under BH it stays (it can be flagged at BH's last step)."""
+    old, new = family_with_a_flat_closed_loop(4)
+    out = bc.compare(old, new, detect=False)
+    d = out["rows"][0]["throughput"][16]
+    assert d["p"] == d["min_p"] == 2 / math.comb(10, 5) and d["changed"] is False and d["adjusted_p"] is None
+    assert d["untestable"] == ("its smallest attainable p (0.00794) is above alpha/8 = 0.00625: it cannot reject in "
+                               "this family (Tarone's rule)")
+    assert out["tests"] == 8 and all(fam["figure"].startswith("latency") for fam in out["family"])
+    line = next(ln for ln in bc.table(out, old, new) if ln.startswith("  closed loop c=16"))
+    assert line.endswith("Tarone's rule): not tested, not CHANGED")
+    assert bc.attainable_bound([2 / 252] + [0.0] * 6, 0.05, "holm") == (0.05 / 7, 7)  # m = 7: left out too
+    # 5 latency figures and it: K = 6, 0.0079 <= 0.05/6: in the family, smallest p, adjusted 6 x 0.0079: CHANGED
+    old["instances"][2]["latency"].pop("q4")
+    new["instances"][2]["latency"].pop("q4")
+    for side in (old, new):
+        side["instances"].pop()
+    out = bc.compare(old, new, detect=False)
+    d = out["rows"][0]["throughput"][16]
+    assert out["tests"] == 6 and d["adjusted_p"] == 6 * d["p"] and d["changed"] is True
+    # BH: kept whenever its smallest p is <= alpha (BH's last step can flag it)
+    old, new = family_with_a_flat_closed_loop(4)
+    out = bc.compare(old, new, "bh", detect=False)
+    assert out["tests"] == 9 and not out["rows"][0]["throughput"][16].get("untestable")

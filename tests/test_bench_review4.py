@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +103,51 @@ def test_a_test_that_cannot_reject_at_alpha_over_k_is_not_in_holm_s_family() -> 
     old, new = family_with_a_flat_closed_loop(4)
     out = bc.compare(old, new, "bh", detect=False)
     assert out["tests"] == 9 and not out["rows"][0]["throughput"][16].get("untestable")
+
+
+def test_a_request_unanswered_at_the_join_deadline_is_censored_from_the_schedule(monkeypatch: Any) -> None:
+    """Review item 3: a fake client whose requests sent from 0.40 s on (inside the 0.5 s schedule) hang past the
+    level's join deadline (schedule + timeout + grace; the grace made short here). Before: counted as errors only,
+    neither in `_recs` nor censored: from the schedule n was the answered alone, censored 0, max 5.3 ms. Now each is
+    a record `unanswered`, censored at what it waited (at least the schedule's end - its intended time), in n, and
+    the tail is a lower bound - in rate_level's figures and in the window's (open_levels)."""
+    from ansible_collections.d3fleet.fleet.plugins.modules import bench_load as bl
+
+    release = threading.Event()
+    t0 = [0.0]
+
+    class Hangs:
+        def __init__(self, url: str, timeout: float, api_key: str | None) -> None:
+            pass
+
+        def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, float]:
+            if time.perf_counter() - t0[0] >= 0.40:
+                release.wait(5.0)
+            return 200, b'{"answers": {}}', 5.0
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(bl, "Client", Hangs)
+    monkeypatch.setattr(bl, "JOIN_GRACE_S", 0.05, raising=False)
+    rec = bl.Recorder()
+    schedule = bl.arrivals(30.0, 0.5, 7)
+    t0[0] = time.perf_counter()
+    try:
+        row = bl.rate_level({"url": "http://t"}, "/p", b"{}", 30.0, 0.5, 0.05, 7, rec)
+    finally:
+        release.set()
+    late = [r for r in row["_recs"] if r.get("unanswered")]
+    answered = [r for r in row["_recs"] if r.get("status") == 200]
+    assert late and len(late) + len(answered) == len(schedule) and row["errors"] == len(late)
+    assert all(r["waited_ms"] >= (0.5 - r["scheduled_s"]) * 1000.0 for r in late)
+    fs = row["from_schedule"]
+    assert (fs["n"], fs["censored"]) == (len(schedule), len(late)) and "max" in fs["lower_bound"]
+    assert fs["max"] == round(max(r["waited_ms"] for r in late), 1) > max(r["ms_from_schedule"] for r in answered)
+    # the window's figures (open_levels): the same requests censored there
+    for r in row["_recs"]:
+        r.pop("window", None)
+    w = bl.window_figures(row["_recs"], 1000.05, 1000.5, 4, 300.0, "ms_from_schedule", due=1000.0)
+    due_in = sum(at >= 0.05 for at in schedule)
+    assert (w["n"], w["censored"]) == (due_in, len(late)) and "max" in w["lower_bound"]
+    assert all(r["window"] == "in" for r in late)

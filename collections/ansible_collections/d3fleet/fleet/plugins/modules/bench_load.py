@@ -229,7 +229,9 @@ results:
       description: Every request, C({phase (accuracy, latency, closed, open), case or label or concurrency or
         rate, run, sent, received (epoch s), ms, status, input_tokens, error, answers (accuracy only), window (ramp,
         in, drain - load levels)}); an open-loop request also C(scheduled_s), C(lag_ms) and C(ms_from_schedule), and
-        one never sent C(not_sent) true with C(sent), C(received), C(ms) and C(status) null.
+        one never sent C(not_sent) true with C(sent), C(received), C(ms) and C(status) null; one still unanswered
+        when the level stopped waiting (its schedule plus one timeout plus 5 s) C(unanswered) true and C(waited_ms)
+        (from its intended time), with the same four null (if it is answered later, its own record follows).
       type: list
 """
 
@@ -558,8 +560,11 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
     threads: list[threading.Thread] = []
     inflight = [0]
     unsent: list[float] = []
+    sent: list[float] = []  # the intended times of the requests sent, in order
+    done: set[int] = set()  # which of them have their record
+    over = [False]
 
-    def one(at: float, start: float) -> None:
+    def one(i: int, at: float, start: float) -> None:
         client = Client(target["url"], timeout, target.get("api_key"))
         wall = time.time()
         try:
@@ -574,7 +579,9 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
         r = rec.add("open", status, data, ms, wall, rate=rate, scheduled_s=round(at, 6), lag_ms=round(lag, 2),
                     ms_from_schedule=round(lag + ms, 2))
         with lock:
-            recs.append(r)
+            if not over[0]:  # a straggler answering after the level ended: in the raw records only
+                recs.append(r)
+                done.add(i)
 
     last = begin
     for at in schedule:
@@ -587,18 +594,29 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
         with lock:
             inflight[0] += 1
         last = time.perf_counter()
-        t = threading.Thread(target=one, args=(at, last), daemon=True, name=f"d3-bench-open-{len(threads)}")
+        t = threading.Thread(target=one, args=(len(sent), at, last), daemon=True, name=f"d3-bench-open-{len(threads)}")
+        sent.append(at)
         t.start()
         threads.append(t)
     for t in threads:
-        t.join(max(0.0, begin + duration_s + timeout + 5.0 - time.perf_counter()))
+        t.join(max(0.0, begin + duration_s + timeout + JOIN_GRACE_S - time.perf_counter()))
     elapsed = max(duration_s, time.perf_counter() - begin)  # the level lasts its schedule, or until the last answer
     never = [{"phase": "open", "rate": rate, "scheduled_s": round(at, 6), "sent": None, "received": None, "ms": None,
               "status": None, "input_tokens": None, "not_sent": True,
               "error": f"not sent: {max_inflight} requests were in flight until the schedule ended"} for at in unsent]
-    rec.records.extend(never)
     with lock:
-        stuck = sum(t.is_alive() for t in threads)
+        over[0] = True
+        # still running at the join deadline: no answer, like a timeout; censored from the schedule at what it has
+        # waited (at least the schedule's end - its intended time), a record of its own (the statistician's fourth
+        # review item 3: before, only counted as an error, so the latency from the schedule left it out)
+        waiting = [{"phase": "open", "rate": rate, "scheduled_s": round(at, 6), "sent": None, "received": None,
+                    "ms": None, "status": None, "input_tokens": None, "unanswered": True,
+                    "waited_ms": round((elapsed - at) * 1000.0, 2),
+                    "error": f"still unanswered {timeout + JOIN_GRACE_S:g} s after the schedule's end"}
+                   for i, at in enumerate(sent) if i not in done]
+        stuck = len(waiting)
+        never += waiting
+        rec.records.extend(never)
         ok = [r for r in recs if r["status"] == 200]
         errors = sorted({r["error"] for r in recs if r["status"] != 200})
         lags = [r["lag_ms"] for r in recs]
@@ -611,10 +629,14 @@ def rate_level(target: dict, path: str, payload: bytes, rate: float, duration_s:
                 "lag": summary(lags, 2), "lag_p99_ms": summary(lags, 2)["p99"],
                 "from_schedule": summary([r["ms_from_schedule"] for r in ok],  # failed: censored (window_figures)
                                          censored=[max(0.0, (duration_s - at) * 1000.0) for at in unsent]
+                                         + [r["waited_ms"] for r in waiting]
                                          + [max(r["ms_from_schedule"], (duration_s - r["scheduled_s"]) * 1000.0)
                                             for r in recs if r["status"] != 200]),
                 "_recs": list(recs) + never,
                 **summary([r["ms"] for r in ok])}
+
+
+JOIN_GRACE_S = 5.0  # how long past its schedule plus one timeout a level waits for its last answers
 
 
 LAG_FLOOR_MS = 1.0  # the lag bound's floor: below it, the host's thread scheduling, not the generator
@@ -713,11 +735,11 @@ def window_figures(recs: list[dict], start: float, end: float, questions: int, s
     inside, censored = [], []
     for r in recs:
         if r.get("sent") is None:
-            if due is not None and r.get("not_sent"):  # never sent: in the window by its intended time, censored
-                at = due + r["scheduled_s"]
+            if due is not None and (r.get("not_sent") or r.get("unanswered")):  # never sent, or still unanswered
+                at = due + r["scheduled_s"]  # when the level ended: in the window by its intended time, censored
                 r["window"] = "ramp" if at < start else "in"
                 if at >= start:
-                    censored.append(max(0.0, (end - at) * 1000.0))
+                    censored.append(max(0.0, (end - at) * 1000.0, r.get("waited_ms") or 0.0))
             continue
         at = r["sent"] if due is None else due + r["scheduled_s"]
         r["window"] = "ramp" if at < start else "in" if r["received"] <= end else "drain"

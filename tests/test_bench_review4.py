@@ -151,3 +151,17 @@ def test_a_request_unanswered_at_the_join_deadline_is_censored_from_the_schedule
     due_in = sum(at >= 0.05 for at in schedule)
     assert (w["n"], w["censored"]) == (due_in, len(late)) and "max" in w["lower_bound"]
     assert all(r["window"] == "in" for r in late)
+
+
+def test_the_permutation_line_says_which_side_is_flat() -> None:
+    """Review item 4: since the permutation test also runs when one side only is flat, "every run identical on both
+    sides" was printed then too; the line now names the side."""
+    def level(values: list[float]) -> dict[str, Any]:
+        return {"instances": [{"host": "h", "name": "a", "model": "m", "health": 200, "latency": {},
+                               "throughput": [{"concurrency": 16, "runs": [{"requests_per_s": x} for x in values]}]}]}
+
+    for old, new, which in (([16.0] * 5, [8.0] * 5, "on both sides"), ([16.0] * 5, [8.0, 8.1, 8.2, 8.0, 8.3], "on the old side"),
+                            ([16.0, 16.1, 16.2, 16.0, 16.3], [8.0] * 5, "on the new side")):
+        out = bc.compare(level(old), level(new), detect=False)
+        line = next(ln for ln in bc.table(out, {}, {}) if ln.startswith("  closed loop c=16"))
+        assert f"every run identical {which}: exact permutation test on 5 + 5 runs" in line

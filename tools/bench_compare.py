@@ -25,8 +25,9 @@ Per instance both reports benched (host/name), every figure that can be tested i
   to measure: the figure is shown as "cannot tell noise from change" and not tested (bench with d3_bench_repeats >= 2).
   Closed-loop throughput is quantized (completions over the window: steps of 1/window): Sheppard's rounding variance
   step^2/12 is added to each side's spread, so a side whose runs all fell on one step is not taken as exactly known.
-  Every run identical on both sides with no known step (latency; a report without windows): the exact permutation
-  test of the runs instead of Welch's (no interval), "untestable" and not tested when it cannot reach p <= alpha.
+  Every run identical on one side or both with no known step (latency; a report without windows): the exact
+  permutation test of the runs instead of Welch's (no interval; the line says which side is flat), "untestable"
+  and not tested when it cannot reach p <= alpha.
 Questions whose request failed on either side (no HTTP 200: network failure, timeout, error status) are left out
 of the accuracy pairs and counted per side; a 200 reply without a usable answer is wrong and paired (it can flip).
 Tests that cannot reject (no flips, every paired difference 0), and under Holm those whose smallest attainable p is
@@ -322,7 +323,9 @@ def _run_line(d: dict[str, Any], unit: str, fmt: str) -> str:
         return (f"{head} (x{d['ratio']:.3f}; {d['runs'][0]} + {d['runs'][1]} runs): untestable, {d['untestable']}: "
                 "not tested, not CHANGED")
     if d["test"].startswith("exact permutation"):
-        return (f"{head} (x{d['ratio']:.3f}; every run identical on both sides: exact permutation test on "
+        flat = [len(set(side)) == 1 for side in d["values"]]
+        which = "on both sides" if all(flat) else "on the old side" if flat[0] else "on the new side"
+        return (f"{head} (x{d['ratio']:.3f}; every run identical {which}: exact permutation test on "
                 f"{d['runs'][0]} + {d['runs'][1]} runs, no interval; {_p(d)}){_flag(d)}")
     lo, hi = d["interval"]
     alo, ahi = d["adjusted_interval"]

@@ -6,31 +6,15 @@ fallback's line says which side is flat."""
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-import testkit
+# the collection's modules by their package path (also how tools/mutation.py picks these tests for them)
+from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_bench_stats as st
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "collections"))
-
-from ansible_collections.d3fleet.fleet.plugins.filter import d3_bench as f  # noqa: E402
-from ansible_collections.d3fleet.fleet.plugins.module_utils import d3_bench_stats as st  # noqa: E402
-
-bc = testkit.load_file("bench_compare", ROOT / "tools/bench_compare.py")
-
-Q = {"type": "noul", "instructions": "x?"}
-SUITE = {"questions": {"a": Q, "b": Q, "c": Q},
-         "cases": [{"id": f"k{i}", "state": "s", "expect": {"a": True, "b": True, "c": False}} for i in range(10)]}
-OK = {"a": {"noul": 0.9}, "b": {"noul": 0.8}, "c": {"noul": 0.1}}
-
-
-def inst(cases: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"host": "h", "name": "n", "model": "m", "health": 200, "score": f.score_cases(cases, SUITE),
-            "latency": {}, "throughput": []}
+# the third review's suite, instances and the loaded tools/bench_compare.py: one place for them
+from test_bench_review3 import OK, bc, inst
 
 
 def test_a_build_that_returns_errors_is_flagged() -> None:

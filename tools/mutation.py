@@ -154,6 +154,8 @@ def stage(tests: list[str]) -> None:
     # builder: test_capacity_second_opinion compares the planner with the simulator on it
     shutil.copytree(ROOT / "lab/simulator", STAGE / "lab/simulator", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "lab/hf", STAGE / "lab/hf", ignore=shutil.ignore_patterns("__pycache__"))
+    # what the lab looks like (lab/vars/lab.yml): test_capacity_review plans the lab inventory's shared GPUs
+    shutil.copytree(ROOT / "lab/vars", STAGE / "lab/vars")
     # left out: a test of a selected file that reads the whole repository (the stage holds only what the tests of
     # the mutated files read) and imports no mutated module, so no mutant can change its outcome
     deselect = ["--deselect", "tests/test_readme_commands.py::test_every_variable_the_docs_name_is_in_the_code"]

@@ -10,8 +10,9 @@ Per instance both reports benched (host/name), every figure that can be tested i
   wrong -> right flips are listed by case and question and judged by the exact McNemar test (two-sided binomial test
   of the discordant pairs: d3_bench_stats.mcnemar_exact). With greedy answers every flip is a real change of answer;
   the test says whether the flips are beyond what chance would shuffle;
-- failed requests, paired the same way: per (case, question) failed or not, the newly failing and the no longer
-  failing listed and judged by the same exact McNemar test (paired_failures): a build returning errors is flagged;
+- failed requests, paired per case (one case is one request): failed or not, the newly failing and the no longer
+  failing cases listed and judged by the same exact McNemar test (paired_failures): a build returning errors is
+  flagged;
 - calibration, paired the same way: per question the proper score (Brier for choice and noul, RPS for score) new -
   old, judged by the exact sign-flip permutation test of their mean (d3_bench_stats.sign_flip_p);
 - latency (2- and 4-question, one at a time) and closed-loop throughput per concurrency, on RUN-LEVEL figures: each
@@ -102,20 +103,32 @@ def paired_accuracy(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] 
 
 
 def paired_failures(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
-    """Failed requests (no HTTP 200: _sent), paired per (case, question) asked in both runs, the accuracy test's unit:
-    the questions that newly fail and those that no longer fail, listed as "case/question", judged by the same exact
-    McNemar test; None when a report carries no per-question rows. Before the statistician's fourth review failed
-    requests were only counted, never tested: a build answering HTTP 500 to 6 of 10 cases (18 questions) showed 0
-    flips and nothing CHANGED; now 0 -> 18 failures gives p 2 x 2^-18 = 7.6e-6, CHANGED. Nothing newly failing
-    or recovered: `untestable`, left out of the family (compare)."""
+    """Failed requests (no HTTP 200: _sent), paired per case asked in both runs: a case is one request, so a request
+    that fails fails every question of it (d3_bench marks each question of the case), and pairing per question would
+    count one failure two or three times as independent pairs (the fifth review: 3 failed requests read as 9 failed
+    questions, p 0.0039 instead of 0.25; a false-alarm rate of 10-18 % at alpha 0.05). The cases that newly fail
+    and those that no longer fail are listed and judged by the exact McNemar test; None when a report carries no
+    per-question rows. Before the fourth review failed requests were only counted, never tested: a build answering
+    HTTP 500 to 6 of 10 cases showed nothing CHANGED; now 0 -> 6 failed requests gives p 2 x 2^-6 = 0.031. Nothing
+    newly failing or recovered: `untestable`, left out of the family (compare)."""
     before, after = _pairs(old, new)
     asked = [k for k in after if k in before]
     if not asked:
         return None
-    worse = [f"{c}/{q}" for c, q in asked if _sent(before[(c, q)]) and not _sent(after[(c, q)])]
-    better = [f"{c}/{q}" for c, q in asked if not _sent(before[(c, q)]) and _sent(after[(c, q)])]
-    out = {"test": "exact McNemar", "pairs": len(asked), "old": sum(not _sent(before[k]) for k in asked),
-           "new": sum(not _sent(after[k]) for k in asked), "newly_failed": worse, "no_longer_failed": better,
+
+    def failed(rows: dict[tuple[str, str], Any]) -> dict[str, bool]:
+        # per case: failed when any of its asked questions carries the failed mark (all of them do when it fails)
+        out: dict[str, bool] = {}
+        for c, q in asked:
+            out[c] = out.get(c, False) or not _sent(rows[(c, q)])
+        return out
+
+    was, now = failed(before), failed(after)
+    cases = list(was)
+    worse = [c for c in cases if not was[c] and now[c]]
+    better = [c for c in cases if was[c] and not now[c]]
+    out = {"test": "exact McNemar", "pairs": len(cases), "old": sum(was.values()), "new": sum(now.values()),
+           "newly_failed": worse, "no_longer_failed": better,
            "p": st.mcnemar_exact(len(worse), len(better)), "min_p": st.mcnemar_exact(len(worse) + len(better), 0)}
     if not worse and not better:
         out["untestable"] = "no request newly failed or recovered: the test cannot reject"
@@ -341,7 +354,7 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
     lines = [f"bench-compare{sim}: {old.get('generated')} -> {new.get('generated')}",
              f"  one family of {result['tests']} tests ({', '.join(kinds) or 'none'}; over every instance below), "
              f"{result['method']}: CHANGED where the adjusted p <= {result['alpha']:g}",
-             "  accuracy, failed requests and calibration paired per question (exact McNemar; sign-flip, exact up to 32 pairs); latency "
+             "  accuracy and calibration paired per question, failed requests per case (exact McNemar; sign-flip, exact up to 32 pairs); latency "
              "and throughput on run-level figures (each run's median, or its requests/s), ratio new/old of their geometric means",
              "  intervals: 95 % unadjusted, and adjusted: Holm, and BH's unflagged, at the level the verdict used "
              "(alpha x p / adjusted p: it excludes 1 exactly when CHANGED; no simultaneous coverage claimed), BH's "
@@ -357,7 +370,7 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
             lines.append("  accuracy      - (no per-question rows: not tested)")
         else:
             miss, mute = a.get("failed") or [0, 0], a.get("no_answer") or [0, 0]
-            gone = (f" ({miss[0]} old, {miss[1]} new failed requests, e.g. timed out: left out, not flips)"
+            gone = (f" ({miss[0]} old, {miss[1]} new questions of failed requests, e.g. timed out: left out, not flips)"
                     if any(miss) else "")
             gone += (f" ({mute[0]} old, {mute[1]} new replied without a usable answer: wrong, paired)"
                      if any(mute) else "")
@@ -368,7 +381,7 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
                       f"    wrong->right: {', '.join(a['wrong_to_right']) or '-'}"]
         e = r["failures"]
         if e is not None:
-            lines += [f"  failed requests {e['old']}/{e['pairs']} -> {e['new']}/{e['pairs']} questions without an HTTP 200 "
+            lines += [f"  failed requests {e['old']}/{e['pairs']} -> {e['new']}/{e['pairs']} requests (cases) without an HTTP 200 "
                       f"reply: newly failing {len(e['newly_failed'])}, no longer failing {len(e['no_longer_failed'])}; "
                       f"exact McNemar {_p(e)}{_flag(e)}",
                       f"    newly failing: {', '.join(e['newly_failed']) or '-'}",

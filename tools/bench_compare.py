@@ -354,8 +354,9 @@ def table(result: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> l
     lines = [f"bench-compare{sim}: {old.get('generated')} -> {new.get('generated')}",
              f"  one family of {result['tests']} tests ({', '.join(kinds) or 'none'}; over every instance below), "
              f"{result['method']}: CHANGED where the adjusted p <= {result['alpha']:g}",
-             "  accuracy and calibration paired per question, failed requests per case (exact McNemar; sign-flip, exact up to 32 pairs); latency "
-             "and throughput on run-level figures (each run's median, or its requests/s), ratio new/old of their geometric means",
+             "  accuracy and calibration paired per question, failed requests per case (exact McNemar; sign-flip, exact up to 32 "
+             "pairs); latency and throughput on run-level figures (each run's median, or its requests/s), ratio new/old of their "
+             "geometric means",
              "  intervals: 95 % unadjusted, and adjusted: Holm, and BH's unflagged, at the level the verdict used "
              "(alpha x p / adjusted p: it excludes 1 exactly when CHANGED; no simultaneous coverage claimed), BH's "
              "flagged at Benjamini-Yekutieli's 1 - R alpha/m; tests that cannot reject (no flips, no difference, no "

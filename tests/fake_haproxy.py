@@ -5,6 +5,7 @@ captured from Debian's HAProxy 3.0.11 (tests/contracts/haproxy/show-stat.csv), a
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import tempfile
@@ -22,6 +23,10 @@ CAPTURED = [line for line in (ROOT / "tests/contracts/haproxy/show-stat.csv").re
 class OneLineSocket:
     """A UNIX socket server in a thread that talks as HAProxy's CLIs do in non-interactive mode (management.txt 9.3 and
     9.4): it reads one command line, records it, sends ``answer(command)`` and closes the connection."""
+
+    # HAProxy's master CLI answers and then waits for the client to close its side (the HAProxy maintainer's review
+    # on 2.6.12 and 3.0.11); the stats socket closes after answering
+    close_on_eof = False
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -47,6 +52,11 @@ class OneLineSocket:
                 command = data.decode().rstrip("\n")
                 self.commands.append(command)
                 conn.sendall(self.answer(command).encode())
+                if self.close_on_eof:
+                    conn.settimeout(30)
+                    with contextlib.suppress(OSError):
+                        while conn.recv(4096):
+                            pass
 
     def answer(self, command: str) -> str:
         raise NotImplementedError
@@ -128,11 +138,14 @@ class FakeMaster(OneLineSocket):
     CSV, each server's scur from the snapshot, 0 else), or the master's answer for a pid it does not know. Each
     snapshot is {pid: {(backend, server): scur}}; the last one is repeated."""
 
+    close_on_eof = True
+
     def __init__(self, path: str, snapshots: list[dict[int, dict[tuple[str, str], int]]]) -> None:
         super().__init__(path)
         self.snapshots = list(snapshots)
         self.current: dict[int, dict[tuple[str, str], int]] = {}
         self.answer_proc: str | None = None
+        self.closed: set[int] = set()
         self.thread.start()
 
     def answer(self, command: str) -> str:
@@ -151,7 +164,9 @@ class FakeMaster(OneLineSocket):
         if command.startswith("@!") and command.endswith(" show stat"):
             pid = int(command[2:].split(" ")[0])
             if pid not in self.current:
-                return "Can't find the target CLI!\n"
+                return f"Can't find the target PID matching the prefix '@!{pid}'\n"  # master-cli.yml: unknown_pid_answer_3_0
+            if pid in self.closed:
+                return ""  # a reload closed the master CLI's connections before this worker answered
             lines = [CAPTURED[0]]
             for line in CAPTURED[1:]:
                 row = line.split(",")

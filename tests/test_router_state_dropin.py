@@ -51,8 +51,9 @@ def test_the_socket_and_the_file_are_the_roles_and_the_helper_is_the_role_file()
     lines = render(d3_router_stats_socket="/run/other/admin.sock")
     assert "ExecStop=/usr/local/libexec/d3-fleet/d3-haproxy-save-state /run/other/admin.sock /var/lib/haproxy/server-state" in lines
     helper = (ROLE / "files/d3-haproxy-save-state").read_text()
-    # the helper saves only HAProxy's answer (format version 1 first) and removes an older file it could not replace
-    assert "show servers state" in helper and '= "1" ]' in helper and 'rm -f "$tmp" "$file"' in helper
+    # the helper saves only HAProxy's answer (format version 1 first), through a temporary file of its own, and keeps the
+    # last file when HAProxy cannot answer (gone before the stop command: the review of 2026-12-04)
+    assert "show servers state" in helper and '= "1" ]' in helper and 'rm -f "$tmp"\n' in helper and 'mktemp "$file.XXXXXX"' in helper
     assert helper.rstrip().endswith("exit 0")  # a failed save never blocks the reload
     config = (ROLE / "templates/haproxy.cfg.j2").read_text()
     assert "server-state-file {{ _d3_router_state_file }}" in config and "load-server-state-from-file global" in config

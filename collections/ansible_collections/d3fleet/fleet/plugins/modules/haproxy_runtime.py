@@ -181,6 +181,7 @@ import contextlib
 import os
 import re
 import socket as sockets
+import tempfile
 import time
 from typing import Any
 
@@ -209,6 +210,10 @@ ARGUMENT_SPEC: dict[str, Any] = {
 }
 
 
+# the master CLI's answer for a pid it does not know (tests/contracts/haproxy/master-cli.yml: unknown_pid_answer_3_0)
+UNKNOWN_PID = "Can't find the target"
+
+
 class Refusal(Exception):
     """A failure of the module: its message names the router, the socket and the server; ``error`` is the bare cause
     (returned as ``error``, for the d3_router_api_problems filter)."""
@@ -219,11 +224,15 @@ class Refusal(Exception):
 
 
 def ask(path: str, command: str, timeout: float) -> str:
-    """One command in HAProxy's non-interactive mode: send the line, read until HAProxy closes the connection."""
+    """One command in HAProxy's non-interactive mode: send the line and close the sending side (as `socat` does at
+    the end of its input), read until HAProxy closes the connection. The master CLI keeps a connection open after
+    answering until the client's side closes (the HAProxy maintainer's review, 2.6.12 and 3.0.11): without the
+    half-close every master CLI command waited the whole timeout and failed."""
     with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(path)
         conn.sendall(command.encode() + b"\n")
+        conn.shutdown(sockets.SHUT_WR)
         chunks = []
         while chunk := conn.recv(65536):
             chunks.append(chunk)
@@ -271,26 +280,31 @@ def save_state(p: dict[str, Any]) -> str:
     file in the same directory and a rename; the file removed when the state cannot be read or written. Returns the
     path written, or "" (nothing written, the file removed)."""
     target = p["state_file"]
-    temporary = f"{target}.d3-new"
+    temporary = ""
     try:
         text = ask(p["socket"], "show servers state", p["connect_timeout"])
         if text.split("\n", 1)[0].strip() != "1":
             raise ValueError(text[:100])
-        with open(temporary, "w", encoding="utf-8") as out:
+        # a temporary file of its own: the reload's save (files/d3-haproxy-save-state) may run at the same moment
+        handle, temporary = tempfile.mkstemp(prefix=os.path.basename(target) + ".", dir=os.path.dirname(target) or ".")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
         os.chmod(temporary, 0o644)
         os.replace(temporary, target)
         return target
     except (OSError, ValueError):
         for path in (temporary, target):
-            with contextlib.suppress(OSError):
-                os.remove(path)
+            if path:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
         return ""
 
 
-def every_worker(p: dict[str, Any], where: str, servers: list[dict[str, Any]]) -> dict[int, dict[tuple[str, str], int]]:
+def every_worker(p: dict[str, Any], where: str, servers: list[dict[str, Any]]) -> dict[int, dict[tuple[str, str], int] | None]:
     """Each worker's sessions of ``servers`` through the master CLI: {pid: {(backend, server): scur}}, for every worker
-    ``show proc`` lists (current and old). A worker that left before its ``show stat`` is not in it."""
+    ``show proc`` lists (current and old). A worker the master no longer knows when asked (it left between ``show
+    proc`` and its ``show stat``: nothing in flight there) is not in it; one whose ``show stat`` could not be asked
+    (a reload closes every master CLI connection, management.txt 9.4) is None: not known to be empty."""
     master = p["master_socket"]
     try:
         pids = worker_pids(ask(master, "show proc", p["connect_timeout"]))
@@ -299,12 +313,20 @@ def every_worker(p: dict[str, Any], where: str, servers: list[dict[str, Any]]) -
                       "d3_router_master_socket to the -S socket of haproxy.service.", str(exc)) from None  # fmt: skip
     except ValueError as exc:
         raise Refusal(f"{where}: the master CLI {master} did not answer `show proc` as HAProxy does: {exc}.") from None
-    out = {}
+    out: dict[int, dict[tuple[str, str], int] | None] = {}
     for pid in pids:
         try:
-            rows = parse_stat(ask(master, f"@!{pid} show stat", p["connect_timeout"]))
-        except (OSError, ValueError):
-            continue  # left between show proc and now: nothing in flight there
+            answer = ask(master, f"@!{pid} show stat", p["connect_timeout"])
+        except OSError:
+            out[pid] = None  # the connection failed (a reload): unknown, not empty; asked again at the next poll
+            continue
+        if answer.startswith(UNKNOWN_PID):
+            continue  # the master does not know it any more: it left, nothing in flight there
+        try:
+            rows = parse_stat(answer)
+        except ValueError:
+            out[pid] = None  # no answer (closed by a reload) or another one: unknown, not empty
+            continue
         out[pid] = {(r["backend"], r["server"]): r["scur"] for r in select(rows, servers)}
     return out
 
@@ -351,14 +373,17 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         while True:
             rows = read_stat(p, where)
             wanted = select(rows, p["servers"])
+            unread: list[str] = []
             if state == "drain" and p.get("master_socket"):
                 by_worker = every_worker(p, where, p["servers"])
-                for pid, sessions in by_worker.items():
+                known = {pid: sessions for pid, sessions in by_worker.items() if sessions is not None}
+                unread = [f"worker {pid} (its show stat could not be read)" for pid, s in by_worker.items() if s is None]
+                for pid, sessions in known.items():
                     if sum(sessions.values()):
                         seen[pid] = max(seen.get(pid, 0), sum(sessions.values()))
                 for row in wanted:
-                    row["scur"] = sum(w.get((row["backend"], row["server"]), 0) for w in by_worker.values())
-            left = pending(wanted, state)
+                    row["scur"] = sum(w.get((row["backend"], row["server"]), 0) for w in known.values())
+            left = pending(wanted, state) + unread
             waited = round(clock() - start, 1)
             if not left:
                 break

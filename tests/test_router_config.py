@@ -94,7 +94,7 @@ def test_one_fleet_endpoint_routing_by_model_and_a_frontend_only_where_a_port_is
     files = "/etc/haproxy/d3-router"
     json_answer = f"content-type application/json file {files}"
     assert cfg["frontend fe_fleet"] == [
-        "bind 0.0.0.0:8000", "maxconn 1536", "option http-buffer-request", *PATH_ACLS, "acl d3_path path_beg /health/",
+        "bind 0.0.0.0:8000 proto h1", "maxconn 1536", "option http-buffer-request", *PATH_ACLS, "acl d3_path path_beg /health/",
         "acl d3_known var(txn.d3_model) -m str d3-flash", "acl d3_known var(txn.d3_model) -m str d3-mini",
         "http-request deny deny_status 404 if !d3_path",
         f"http-request return status 400 {json_answer}/headers-too-long.json if {{ req.hdrs,length gt 32768 }}",
@@ -122,13 +122,13 @@ def test_one_fleet_endpoint_routing_by_model_and_a_frontend_only_where_a_port_is
     named = set(re.findall(rf"{files}/([\w.-]+)", rendered[0]))
     assert named == {*rendered[1]["view"]["endpoint"]["files"], "d3-router.lua"} - {"unauthorized.json"}, named
     # d3-mini has a port of its own (d3_router_ports), d3-flash only the endpoint; /metrics, /pause... never pass
-    assert cfg["frontend fe_d3-mini"] == ["bind 0.0.0.0:9100", "maxconn 512", *PATH_ACLS, "http-request deny deny_status 404 if !d3_path",
+    assert cfg["frontend fe_d3-mini"] == ["bind 0.0.0.0:9100 proto h1", "maxconn 512", *PATH_ACLS, "http-request deny deny_status 404 if !d3_path",
                                           "default_backend be_d3-mini"]  # fmt: skip
     assert [s for s in cfg if s.startswith(("frontend", "backend"))] == [
         "frontend fe_fleet", "frontend fe_metrics", "backend be_d3-flash", "frontend fe_d3-mini", "backend be_d3-mini"]  # fmt: skip
     # the exporter: loopback only by default, its own port
     assert cfg["frontend fe_metrics"] == [
-        "bind 0.0.0.0:8405", "no log", "acl d3_metrics_client src 127.0.0.0/8 ::1", "http-request deny if !d3_metrics_client",
+        "bind 0.0.0.0:8405 proto h1", "no log", "acl d3_metrics_client src 127.0.0.0/8 ::1", "http-request deny if !d3_metrics_client",
         "http-request use-service prometheus-exporter if { path /metrics }", "http-request deny deny_status 404"]  # fmt: skip
 
 
@@ -175,9 +175,9 @@ def test_tls_on_every_client_port_and_adding_a_model_changes_no_other(
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "PRIVATE KEY" not in proc.stdout  # the key's tasks log nothing
     cfg, before = sections((tmp_path / "haproxy.cfg").read_text()), sections(rendered[0])
-    assert cfg["frontend fe_fleet"][0] == "bind 0.0.0.0:8000 ssl crt /etc/haproxy/d3-router/tls.pem"
-    assert cfg["frontend fe_d3-mini"][0] == "bind 0.0.0.0:9100 ssl crt /etc/haproxy/d3-router/tls.pem"
-    assert cfg["frontend fe_metrics"][0] == "bind 0.0.0.0:8405"
+    assert cfg["frontend fe_fleet"][0] == "bind 0.0.0.0:8000 ssl crt /etc/haproxy/d3-router/tls.pem alpn http/1.1 proto h1"
+    assert cfg["frontend fe_d3-mini"][0] == "bind 0.0.0.0:9100 ssl crt /etc/haproxy/d3-router/tls.pem alpn http/1.1 proto h1"
+    assert cfg["frontend fe_metrics"][0] == "bind 0.0.0.0:8405 proto h1"
     # Mozilla's intermediate profile (tests/contracts/haproxy/mozilla-intermediate-6.0.json): no AES128-SHA, no DHE
     mozilla = json.loads((ROOT / "tests/contracts/haproxy/mozilla-intermediate-6.0.json").read_text())["intermediate"]
     assert {
@@ -228,7 +228,7 @@ def test_a_keyless_backend_behind_a_router_beyond_loopback_is_refused_before_any
             "beyond loopback") in " ".join(proc.stdout.split()), proc.stdout[-3000:]  # fmt: skip
     # the role's default, loopback only, may front it
     assert render(tmp_path, keyless).returncode == 0
-    assert "bind 127.0.0.1:8000" in sections((tmp_path / "haproxy.cfg").read_text())["frontend fe_fleet"]
+    assert "bind 127.0.0.1:8000 proto h1" in sections((tmp_path / "haproxy.cfg").read_text())["frontend fe_fleet"]
 
 
 def test_keys_the_router_checks_reach_it_as_hashes_only_and_a_bad_one_is_refused_by_position(

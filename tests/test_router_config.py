@@ -122,8 +122,8 @@ def test_one_fleet_endpoint_routing_by_model_and_a_frontend_only_where_a_port_is
     named = set(re.findall(rf"{files}/([\w.-]+)", rendered[0]))
     assert named == {*rendered[1]["view"]["endpoint"]["files"], "d3-router.lua"} - {"unauthorized.json"}, named
     # d3-mini has a port of its own (d3_router_ports), d3-flash only the endpoint; /metrics, /pause... never pass
-    assert cfg["frontend fe_d3-mini"] == ["bind 0.0.0.0:9100 proto h1", "maxconn 512", *PATH_ACLS, "http-request deny deny_status 404 if !d3_path",
-                                          "default_backend be_d3-mini"]  # fmt: skip
+    assert cfg["frontend fe_d3-mini"] == ["bind 0.0.0.0:9100 proto h1", "maxconn 512", *PATH_ACLS,
+                                          "http-request deny deny_status 404 if !d3_path", "default_backend be_d3-mini"]  # fmt: skip
     assert [s for s in cfg if s.startswith(("frontend", "backend"))] == [
         "frontend fe_fleet", "frontend fe_metrics", "backend be_d3-flash", "frontend fe_d3-mini", "backend be_d3-mini"]  # fmt: skip
     # the exporter: loopback only by default, its own port

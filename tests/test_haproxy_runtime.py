@@ -659,3 +659,26 @@ def test_a_worker_the_master_cli_could_not_ask_is_waited_for_not_counted_empty(h
         with pytest.raises(haproxy_runtime.Refusal, match=r"worker 11 \(its show stat could not be read\) still serve requests after 3 s"):
             haproxy_runtime.run(params(haproxy.path, master_socket=master.path, servers=[LITE2], state="drain", wait=True,
                                        timeout=3, poll=1.0), False, clock, clock.sleep)  # fmt: skip
+
+
+def test_every_worker_after_one_that_left_or_did_not_answer_is_still_counted(haproxy: FakeHAProxy) -> None:
+    """The master lists 22 (current), then the old workers 11 and 33; 33 still serves the drained server. Whether 22 has
+    left (the master's own answer for a pid it does not know) or answered something else at the first poll, 11 and 33
+    are still asked and 33's sessions counted (a `break` there would have ended the wait with 33's requests in flight)."""
+    haproxy.scur[KEY2] = [0]
+    for twenty_two in ("Can't find the target PID matching the prefix '@!22'\n", "garbage\n"):
+        clock = Clock()
+        with FakeMaster.started([{22: {KEY2: 0}, 11: {KEY2: 0}, 33: {KEY2: 2}}, {22: {KEY2: 0}, 11: {KEY2: 0}}]) as master:
+            answer = master.answer
+
+            asked: list[str] = []
+
+            def first_worker(command: str, answer: Any = answer, text: str = twenty_two, asked: list[str] = asked) -> str:
+                asked.append(command)
+                return text if command == "@!22 show stat" and asked.count(command) == 1 else answer(command)
+
+            master.answer = first_worker  # type: ignore[method-assign]
+            out = haproxy_runtime.run(params(haproxy.path, master_socket=master.path, servers=[LITE2], state="drain",
+                                             wait=True, timeout=5, poll=1.0), False, clock, clock.sleep)  # fmt: skip
+            assert out["workers_seen"] == {33: 2}, (twenty_two, out["workers_seen"])
+            assert "@!11 show stat" in master.commands and "@!33 show stat" in master.commands

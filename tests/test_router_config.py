@@ -178,6 +178,10 @@ def test_tls_on_every_client_port_and_adding_a_model_changes_no_other(
     assert cfg["frontend fe_fleet"][0] == "bind 0.0.0.0:8000 ssl crt /etc/haproxy/d3-router/tls.pem alpn http/1.1 proto h1"
     assert cfg["frontend fe_d3-mini"][0] == "bind 0.0.0.0:9100 ssl crt /etc/haproxy/d3-router/tls.pem alpn http/1.1 proto h1"
     assert cfg["frontend fe_metrics"][0] == "bind 0.0.0.0:8405 proto h1"
+    # HTTP/1.1 only on every bind, as checked on both HAProxy versions (tests/contracts/haproxy/http1-only.yml)
+    http1 = yaml.safe_load((ROOT / "tests/contracts/haproxy/http1-only.yml").read_text())["bind_options"]
+    binds = [line for conf in (cfg, before) for lines in conf.values() for line in lines if line.startswith("bind ")]
+    assert len(binds) >= 6 and all(b.endswith(" " + (http1["tls"] if " ssl " in b else http1["plain"])) for b in binds), binds
     # Mozilla's intermediate profile (tests/contracts/haproxy/mozilla-intermediate-6.0.json): no AES128-SHA, no DHE
     mozilla = json.loads((ROOT / "tests/contracts/haproxy/mozilla-intermediate-6.0.json").read_text())["intermediate"]
     assert {

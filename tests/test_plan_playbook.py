@@ -113,8 +113,10 @@ def test_a_host_with_three_mistakes_is_refused_with_all_three_and_its_plan_so_fa
     assert proc.returncode != 0
     out = " ".join(proc.stdout.split())
     assert "host l4-three: d3_models[0]: unknown model 'd3-ultra'" in out
+    # the cap's arithmetic as the planner checks it (the fourth capacity review: the fractions, then their MiB)
     assert ("host l4-three: d3_models[2] (d3-mini): VRAM over budget on GPU 0: its share of 10152 MiB (--gpu-memory-utilization "
-            "0.45 x 22560 MiB) on top of d3-flash 20304 MiB (0.9) makes 30456 MiB") in out  # fmt: skip
+            "0.45 x 22560 MiB) on top of d3-flash 20304 MiB (0.9) makes 0.9 + 0.45 = 1.35 of the GPU (30456 MiB), over the "
+            "0.92 (20755.2 MiB) that d3_gpu_share_cap allows") in out  # fmt: skip
     assert "Fix: move d3_models[2] to another GPU (its `gpus:`) or host" in out
     assert "host l4-three: d3_models[4] (d3-lite): port 8100 collides with instance d3-edge" in out
     # the refused host's plan so far, in MiB and with the predicted KV cache

@@ -119,7 +119,7 @@ lab-purge: venv
 	ansible-playbook lab/lab-down.yml -e lab_down_purge=true
 
 # The demo's lab: a Debian 13 host (Quadlet: the 27B on two GPUs, d3-mini, d3-edge), a Debian 12 host (classic units:
-# d3-flash, d3-nano, d3-lite) and the router; `make lab` alone (and make test) starts three hosts.
+# d3-flash, d3-nano, d3-lite) and the two routers (keepalived: 10.79.0.10); `make lab` alone (and make test) starts three hosts.
 # Both runs print the fleet-shaped output (one line per host and step, the tables, each error once: docs/output.md;
 # ANSIBLE_STDOUT_CALLBACK=ansible.builtin.default make demo for Ansible's own); the demo ends with what to do next.
 DEMO_HOSTS ?= 2
@@ -131,6 +131,9 @@ demo:
 	$(if $(wildcard $(VENV)/.installed),,$(MAKE) -j2 venv lab-images && \
 	  )$(MAKE) lab LAB_HOSTS=$(DEMO_HOSTS)$(if $(wildcard $(VENV)/.installed),, LAB_SKIP_IMAGES=1)
 	ansible-playbook site.yml -i inventories/lab -l 'l4-nodes:d3-routers'
+	@printf '\nA decision through the routers'"'"' virtual address (keepalived, 10.79.0.10:8000):\n'
+	@curl -sS --max-time 30 --retry 10 --retry-all-errors --retry-delay 1 http://10.79.0.10:8000/v1/systemone \
+	  -H 'Content-Type: application/json' -d @examples/decision-request.json; echo
 	@printf '\nNext (examples/demo-next-steps.sh; `. .venv/bin/activate` first):\n'; cat examples/demo-next-steps.sh
 
 molecule: lab

@@ -87,6 +87,11 @@ def shown() -> list[tuple[str, str]]:
     return out
 
 
+# where this machine reaches the lab's router: its published ports on loopback, or the routers' virtual address on their
+# VRRP bridge (lab/roles/lab_hosts/defaults/main.yml: lab_hosts_vrrp_base .10)
+LAB_ADDRESSES = ("127.0.0.1", "10.79.0.10")
+
+
 def tier(command: str) -> str:
     """Where a shown command runs: `setup`, `skip` (NOT_RUN), `lab` (the lab inventory, or a call to the lab's router
     on this machine's loopback) or `playbook` (the example inventory, on no host); `unknown` otherwise."""
@@ -94,7 +99,7 @@ def tier(command: str) -> str:
         return "setup"
     if command in NOT_RUN:
         return "skip"
-    if LAB_INVENTORY in command or (command.startswith("curl ") and "http://127.0.0.1:" in command):
+    if LAB_INVENTORY in command or (command.startswith("curl ") and any(f"http://{a}:" in command for a in LAB_ADDRESSES)):
         return "lab"
     if command == "make plan" or "-i inventories/example" in command:
         return "playbook"

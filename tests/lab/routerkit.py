@@ -45,7 +45,7 @@ ENDPOINT_PORT = yaml.safe_load((ROOT / "roles/d3_router/defaults/main.yml").read
 
 __all__ = ["ENDPOINT_PORT", "MODEL", "PAIR_HOST", "RATE", "REPLICAS", "ROUTER", "WARMUP_S", "KeepAliveClients", "StatSampler", "ask",
            "load_tool", "machine_url", "reload_by_hand", "routed", "server_states", "set_state", "stop_waiting",
-           "wait_for_state"]
+           "vip", "wait_for_record", "wait_for_state"]
 
 
 def router_models(run: Run) -> list[dict[str, Any]]:
@@ -100,6 +100,18 @@ def wait_for_state(backend: str, state: str, timeout: float) -> str | None:
     _WAITERS.append(proc)
     out, _ = proc.communicate()
     return out.strip() or None if proc.returncode == 0 else None
+
+
+def wait_for_record(backend: str, server: str, timeout: float) -> bool:
+    """Wait on the router itself until a rollout's drain record for ``backend``/``server`` exists (the d3_state role
+    writes it just before the drain; polled there every 0.05 s: one podman exec). False at the deadline or after
+    stop_waiting()."""
+    drains = yaml.safe_load((ROOT / "roles/d3_state/defaults/main.yml").read_text())["d3_state_drains_dir"]
+    script = f"until [ -e {drains}/{backend}--{server}.json ]; do sleep 0.05; done"
+    proc = subprocess.Popen(["podman", "exec", ROUTER, "timeout", str(int(timeout)), "sh", "-c", script],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    _WAITERS.append(proc)  # type: ignore[arg-type]
+    return proc.wait() == 0
 
 
 def stop_waiting() -> None:
@@ -179,9 +191,19 @@ def reload_by_hand() -> str:
     return "systemctl reload haproxy (by hand: the unit's drop-in saves the server state)"
 
 
+def vip() -> str | None:
+    """The routers' virtual address (d3_router_vip of the lab inventory's d3-routers: keepalived holds it on one of the
+    lab's two routers, on their VRRP bridge, which this machine reaches), None without one."""
+    group = labkit.lab_inventory()["all"]["children"].get(labkit.ROUTER_GROUP) or {}
+    return (group.get("vars") or {}).get("d3_router_vip") or None
+
+
 def endpoint_urls(models: dict[str, Any], names: list[str]) -> dict[str, str]:
-    """served name -> the URL a client sends its decisions to: the router's one fleet endpoint (it routes by the
-    body's model) when the role has one, else the model's own frontend port."""
+    """served name -> the URL a client sends its decisions to: the fleet endpoint (it routes by the body's model) on
+    the routers' virtual address when the lab has one (whichever router holds it), else on the first router's
+    published port; without a fleet endpoint, the model's own frontend port."""
+    if ENDPOINT_PORT and vip():
+        return {name: f"http://{vip()}:{ENDPOINT_PORT}" for name in names}
     if ENDPOINT_PORT:
         return {name: machine_url(int(ENDPOINT_PORT)) for name in names}
     return {name: machine_url(models[name]["port"]) for name in names}

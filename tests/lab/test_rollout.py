@@ -50,6 +50,7 @@ DRAINS = "/var/lib/d3/router-drains"  # the d3_state role's d3_state_drains_dir 
 # the simulator's slow answers (STAND-IN): each d3-lite decision takes 1 s; no batching slowdown on top
 SLOW = {"D3_SIM_REQUEST_MS": "1000", "D3_SIM_BATCH_SLOWDOWN": "0"}
 CLIENTS = 32
+SLOW_S = 10  # how long the first drained replica's requests stay in flight across the router reload (frozen)
 # the debug line may be folded by the YAML callback: whitespace (newlines included) between the words
 DOWNTIME = re.compile(r"([\w.-]+): down ([0-9.]+) s \(unit stop to ready;\s+([^;]+?);\s+smoke passed\)")
 
@@ -186,6 +187,20 @@ def drains_of(run: Run, task: str = DRAIN_TASK) -> list[tuple[int, str, list[dic
     return out
 
 
+def drain_results(run: Run) -> list[dict[str, Any]]:
+    """The drain task's per-router results (the module's return with its loop item {router, drain})."""
+    return [item for e in run.events if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == DRAIN_TASK
+            for item in e["event_data"]["res"].get("results", [])]  # fmt: skip
+
+
+def run_id(run: Run) -> str:
+    """The rollout's identity (its lease and drain records carry it), from its lease task."""
+    for e in run.events:
+        if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == "Keep the lease":
+            return e["event_data"]["res"]["ansible_facts"]["d3_state_lease"]["owner"]
+    raise AssertionError("the rollout took no lease")
+
+
 def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str, Any], slow: Path, tmp_path: Path) -> None:
     """Drill 8 on d3-lite's replicas (the rollout that gives them the slow answers): SIGKILL ansible-playbook (and its
     workers) as soon as the canary's first unit file changed - the canary's first wave drained in the router (its
@@ -300,16 +315,43 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     assert before and all(any("image" in d for d in row["drift"]) for row in before)
 
     # a router reload by hand (`systemctl reload haproxy`, nothing saved first: the role's drop-in for haproxy.service
-    # saves the server state) as soon as a replica is drained: the drain must survive it
+    # saves the server state) as soon as a replica is drained: the drain must survive it. The first drained replica
+    # (PAIR_HOST's d3-lite, batch 1's first wave) is frozen (SIGSTOP to its process on its host) as soon as its drain
+    # record is written, just before the drain: the requests in flight on it stay in flight across the reload for
+    # SLOW_S, on the old HAProxy worker only; the drain wait (master CLI: every worker) must wait for them, so the
+    # instance is not restarted under them. Meanwhile a second rollout (another operator's --limit) and site.yml
+    # --tags router run: the second is refused naming this one, site.yml gives none of this rollout's drains back.
     reloads: list[dict[str, Any]] = []
     servers = [s for host in names.values() for s in host]
+    frozen: dict[str, Any] = {}
+    beside: dict[str, Run] = {}
+    pid = on_host(PAIR_HOST, f"podman inspect --format '{{{{.State.Pid}}}}' {MODEL}").strip()
+
+    def beside_the_rollout(name: str, playbook: str, **kwargs: Any) -> threading.Thread:
+        thread = threading.Thread(target=lambda: beside.update({name: run_playbook(playbook, inventory=slow, **kwargs)}),
+                                  daemon=True)  # fmt: skip
+        thread.start()
+        return thread
 
     def reload_while_drained() -> None:
+        record = routerkit.wait_for_record(backend, names[PAIR_HOST][0], timeout=600)
+        if record:
+            on_host(PAIR_HOST, f"kill -STOP {pid}")
+            frozen["at"] = time.monotonic()
         # one wait on the router itself (show stat every 0.1 s there, not a podman exec from here each time)
         drained = routerkit.wait_for_state(backend, "DRAIN", timeout=600)
         if drained and routerkit.STATE_FILE:
+            others = [beside_the_rollout("second", "playbooks/rollout.yml", limit=fleet[-1],
+                                         extravars={"d3_image_name": f"{IMAGE}:nightly-next"}),
+                      beside_the_rollout("site", "site.yml", cmdline="--tags router")]  # fmt: skip
             how = routerkit.reload_by_hand()
             reloads.append({"server": drained, "how": how, "after": server_states(backend).get(drained)})
+            if frozen:
+                time.sleep(max(0.0, frozen["at"] + SLOW_S - time.monotonic()))
+                on_host(PAIR_HOST, f"kill -CONT {pid}")
+                frozen["for_s"] = round(time.monotonic() - frozen["at"], 1)
+            for thread in others:
+                thread.join(timeout=600)
 
     urls = routerkit.endpoint_urls(routed, [MODEL])
     watcher = threading.Thread(target=reload_while_drained, daemon=True)
@@ -353,6 +395,26 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     assert len(pairs) >= 2, ramps
     early, late = mean([e for e, _ in pairs]), mean([la for _, la in pairs])
     assert early is not None and late is not None and early < late, (early, late, ramps)
+
+    # the frozen replica's requests stayed in flight across the reload, on the old worker only: the drain wait saw
+    # them there (two workers on the router that reloaded) and waited until they were answered before the restart
+    assert frozen.get("for_s", 0) >= SLOW_S, frozen
+    (first_drain,) = [item for item in drain_results(run) if item["item"]["router"] == ROUTER and names[PAIR_HOST][0]
+                      in [d["server"] for d in item["item"]["drain"]]]  # fmt: skip
+    assert len(first_drain["workers_seen"]) >= 2, first_drain["workers_seen"]
+    assert first_drain["waited_s"] >= SLOW_S - 3, first_drain["waited_s"]
+    assert seen["max_s"] >= SLOW_S - 2, seen  # the frozen requests were answered (200), late
+
+    # one rollout at a time: the second was refused before any change, naming this one; site.yml gave back nothing
+    second, site = beside["second"], beside["site"]
+    assert second.status == "failed", second.stdout[-3000:]
+    refusal = " ".join(second.failure_text().split())
+    assert "holds the routers: one rollout at a time, so this one changes nothing" in refusal, refusal
+    assert f"d3_rollout_take_over={run_id(run)}" in refusal and not unit_events(second), refusal
+    assert site.status == "successful", site.failure_text()
+    assert not [m for _, m in messages(site, "Give back the servers an interrupted rollout left drained")], site.stdout[-3000:]
+    kept = " ".join(" ".join(m) for _, m in messages(site, "Say which drains stay with the rollout that holds the routers"))
+    assert f"rollout {run_id(run)} (" in kept and "holds the routers: its drains stay" in kept, site.stdout[-3000:]
 
     # each replica had requests in flight when it was drained (show stat scur, read by the drain itself just before it
     # set the drain), and they moved one at a time: each drained, restarted and given back before the next was drained,

@@ -17,27 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/lab"))
 sys.path.insert(0, str(ROOT / "tests"))
 import routerkit  # noqa: E402
 
-DEFAULTS = yaml.safe_load((ROOT / "lab/roles/lab_hosts/defaults/main.yml").read_text())
-BASE = DEFAULTS["lab_hosts_vrrp_base"]
-VIP = f"{BASE}.10"
-ROUTERS = [f"{DEFAULTS['lab_hosts_router_prefix']}{n}" for n in range(1, DEFAULTS["lab_hosts_router_count"] + 1)]
-LINK = ROOT / "lab/roles/lab_hosts/files/lab_vrrp_link.sh"
-
-
-def holder() -> str | None:
-    for router in ROUTERS:
-        out = subprocess.run(["podman", "exec", router, "ip", "-4", "-o", "address", "show", "dev", "vrrp0"],
-                             capture_output=True, text=True, check=False).stdout  # fmt: skip
-        if f" {VIP}/" in out:
-            return router
-    return None
+VIP = routerkit.vip()
+ROUTERS = routerkit.ROUTERS
+holder = routerkit.vip_holder
 
 
 def main() -> int:
@@ -76,18 +63,8 @@ def main() -> int:
     for r in failed[:5]:
         print(f"    client {r[0]} sent at +{r[2] - killed:.2f} s: {r[4]}")
     # the killed host back: started, its VRRP link re-made; keepalived rejoins as BACKUP (nopreempt)
-    subprocess.run(["podman", "start", dead], check=True, capture_output=True)
-    address = f"{BASE}.{10 + ROUTERS.index(dead) + 1}/24"
-    subprocess.run(["sh", str(LINK), DEFAULTS["lab_hosts_vrrp_bridge"], f"{BASE}.1/24", dead, address,
-                    f"d3lab-vr{ROUTERS.index(dead) + 1}"], check=True, capture_output=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        state = subprocess.run(["podman", "exec", dead, "systemctl", "is-active", "haproxy", "keepalived"],
-                               capture_output=True, text=True, check=False).stdout.split()  # fmt: skip
-        if state == ["active", "active"]:
-            break
-        time.sleep(1)
-    print(f"  {dead} back: haproxy and keepalived {state}; {holder()} holds {VIP}")
+    routerkit.restart_router(dead)
+    print(f"  {dead} back: haproxy and keepalived active; {holder()} holds {VIP}")
     return 0 if moved is not None and not late else 1
 
 

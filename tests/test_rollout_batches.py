@@ -89,7 +89,7 @@ def test_exports() -> None:
     assert sorted(filters) == sorted(["d3_rollout_batches", "d3_rollout_drain_problems", "d3_rollout_slice_problems",
                                       "d3_rollout_drain_check", "d3_rollout_drain_plan", "d3_rollout_drain_detail",
                                       "d3_rollout_drain_records",
-                                      "d3_rollout_restore_plan", "d3_rollout_progress", "d3_rollout_batch_line",
+                                      "d3_rollout_restore_plan", "d3_rollout_routers_live", "d3_rollout_progress", "d3_rollout_batch_line",
                                       "d3_rollout_failure_cause", "d3_rollout_downtimes", "d3_rollout_rows",
                                       "d3_rollout_summary", "d3_systemctl_show", "d3_rollout_waves"])  # fmt: skip
     assert all(filters[k].__name__ == k.removeprefix("d3_rollout_").replace("d3_", "") or k in (

@@ -279,3 +279,52 @@ def test_the_refusals_name_every_other_server_and_the_value_given() -> None:
                           'is "r1": a slice holds only its own hosts, so a slice that sees no router would restart its hosts '
                           "without draining them. Set d3_rollout_routers on the job template to the list of every router "
                           "of the fleet ([] when it has none).")  # fmt: skip
+
+
+# ---- the routers that serve (a router's host down, or its HAProxy stopped, mid-rollout)
+def test_every_router_that_answers_is_kept_and_nothing_is_said() -> None:
+    from d3_rollout import routers_live
+
+    rows = [{"backend": "be_m", "server": "h-m", "status": "UP"}]
+    live = routers_live([{"item": "r1", "stat": rows}, {"item": "r2", "stat": []}])
+    assert live == {"stats": {"r1": rows, "r2": []}, "down": {}, "errors": {}, "unread": [], "line": ""}
+
+
+def test_an_unreachable_router_is_left_out_and_named() -> None:
+    from d3_rollout import routers_live
+
+    live = routers_live([{"item": "r1", "stat": []},
+                         {"item": "r2", "unreachable": True, "msg": "Failed to connect to the host via ssh:\n refused"}],
+                        [])  # fmt: skip
+    assert live["stats"] == {"r1": []} and live["errors"] == {} and live["unread"] == []
+    assert live["down"] == {"r2": "unreachable (Failed to connect to the host via ssh: refused)"}
+    assert live["line"].startswith("Routers not serving, left out of this step: r2: unreachable (Failed to connect")
+    assert "given back at the rollout's end if they answer by then; else status.yml reports it." in live["line"]
+
+
+def test_a_router_whose_haproxy_is_stopped_is_left_out_but_a_failed_read_of_a_running_one_is_an_error() -> None:
+    from d3_rollout import routers_live
+
+    reads = [{"item": "r1", "failed": True, "msg": "no socket"}, {"item": "r2", "failed": True, "msg": "refused"},
+             {"item": "r3", "failed": True, "msg": "x"}, {"item": "r4", "msg": "gone"}]  # fmt: skip
+    services = [{"item": "r1", "stdout": "inactive\n"}, {"item": "r2", "stdout": "active\n"},
+                {"item": "r3", "unreachable": True, "stdout": "inactive"}, {"item": "r4", "stdout": ""}]  # fmt: skip
+    live = routers_live(reads, services)
+    assert live["stats"] == {}
+    assert live["down"] == {"r1": "HAProxy not running (haproxy.service inactive)",
+                            "r4": "HAProxy not running (haproxy.service unknown)"}  # fmt: skip
+    # r3's service could not be asked (its host went away after the read): not known to be stopped, so an error
+    assert live["errors"] == {"r2": "refused", "r3": "x"} and live["unread"] == ["r1", "r2", "r3", "r4"]
+    assert live["line"].index("r1: HAProxy not running") < live["line"].index("r4: HAProxy")
+
+
+def test_a_read_without_rows_or_message_is_no_answer() -> None:
+    from d3_rollout import routers_live
+
+    assert routers_live(None) == {"stats": {}, "down": {}, "errors": {}, "unread": [], "line": ""}
+    live = routers_live([{"item": "r1", "unreachable": True, "stat": []}, {"item": "r2", "stat": "UP"}],
+                        [{"item": "r2", "stdout": "failed"}])  # fmt: skip
+    assert live["down"] == {"r1": "unreachable (no answer)", "r2": "HAProxy not running (haproxy.service failed)"}
+    assert live["unread"] == ["r2"]
+    long = routers_live([{"item": "r1", "unreachable": True, "msg": "y" * 400}])
+    assert long["down"]["r1"] == f"unreachable ({'y' * 300})"

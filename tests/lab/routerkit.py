@@ -28,6 +28,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 import rollout_under_load as load_tool
 
 ROUTER = "d3-lab-router1"
+_LAB = yaml.safe_load((ROOT / "lab/roles/lab_hosts/defaults/main.yml").read_text())
+# every lab router (d3-lab-router1: Debian 13, HAProxy 3.0; d3-lab-router2: Debian 12, HAProxy 2.6)
+ROUTERS = [f"{_LAB['lab_hosts_router_prefix']}{n}" for n in range(1, _LAB["lab_hosts_router_count"] + 1)]
 MODEL = "d3-lite"
 REPLICAS = ["d3-lab-host2", "d3-lab-host3"]  # the hosts of d3-lite's replicas
 PAIR_HOST = "d3-lab-host2"  # the host with two of them (instances d3-lite and d3-lite-2)
@@ -43,9 +46,10 @@ STATE_FILE = yaml.safe_load((ROOT / "roles/d3_router/vars/main.yml").read_text()
 # the one fleet endpoint (routes by the body's model), when the router role has one
 ENDPOINT_PORT = yaml.safe_load((ROOT / "roles/d3_router/defaults/main.yml").read_text()).get("d3_router_port")
 
-__all__ = ["ENDPOINT_PORT", "MODEL", "PAIR_HOST", "RATE", "REPLICAS", "ROUTER", "WARMUP_S", "KeepAliveClients", "StatSampler", "ask",
-           "load_tool", "machine_url", "reload_by_hand", "routed", "server_states", "set_state", "stop_waiting",
-           "vip", "wait_for_record", "wait_for_state"]
+__all__ = ["ENDPOINT_PORT", "MODEL", "PAIR_HOST", "RATE", "REPLICAS", "ROUTER", "ROUTERS", "WARMUP_S", "KeepAliveClients",
+           "StatSampler", "ask", "hold_vip", "load_tool", "machine_url", "reload_by_hand", "restart_router", "routed",
+           "router_url", "server_states", "set_state", "stop_waiting", "vip", "vip_holder", "wait_for_record",
+           "wait_for_state"]
 
 
 def router_models(run: Run) -> list[dict[str, Any]]:
@@ -75,40 +79,40 @@ def ask(url: str, model: str) -> dict[str, Any]:
         return json.loads(answer.read())
 
 
-def server_states(backend: str) -> dict[str, str]:
-    text = on_host(ROUTER, f"echo 'show stat' | socat stdio {SOCKET}")
+def server_states(backend: str, router: str = ROUTER) -> dict[str, str]:
+    text = on_host(router, f"echo 'show stat' | socat stdio {SOCKET}")
     rows = [line.split(",") for line in text.splitlines() if line and not line.startswith("#")]
     return {r[1]: r[17] for r in rows if r[0] == backend and r[1] not in ("FRONTEND", "BACKEND")}
 
 
-def set_state(backend: str, server: str, state: str) -> None:
-    """What an operator does on the router: `set server <backend>/<server> state <state>` (HAProxy's runtime API)."""
-    answer = on_host(ROUTER, f"echo 'set server {backend}/{server} state {state}' | socat stdio {SOCKET}")
+def set_state(backend: str, server: str, state: str, router: str = ROUTER) -> None:
+    """What an operator does on a router: `set server <backend>/<server> state <state>` (HAProxy's runtime API)."""
+    answer = on_host(router, f"echo 'set server {backend}/{server} state {state}' | socat stdio {SOCKET}")
     assert not answer.strip(), answer
 
 
 _WAITERS: list[subprocess.Popen[str]] = []
 
 
-def wait_for_state(backend: str, state: str, timeout: float) -> str | None:
+def wait_for_state(backend: str, state: str, timeout: float, router: str = ROUTER) -> str | None:
     """Wait on the router itself until a server of ``backend`` shows ``state`` in show stat (polled there every 0.1 s:
     one podman exec, not one per poll); that server's name, or None at the deadline or after stop_waiting()."""
     script = (f"until out=$(echo 'show stat' | socat stdio {SOCKET} | awk -F, '$1 == \"{backend}\" && $18 == \"{state}\" "
               "{ print $2; exit }') && [ -n \"$out\" ]; do sleep 0.1; done; echo \"$out\"")  # fmt: skip
-    proc = subprocess.Popen(["podman", "exec", ROUTER, "timeout", str(int(timeout)), "sh", "-c", script],
+    proc = subprocess.Popen(["podman", "exec", router, "timeout", str(int(timeout)), "sh", "-c", script],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     _WAITERS.append(proc)
     out, _ = proc.communicate()
     return out.strip() or None if proc.returncode == 0 else None
 
 
-def wait_for_record(backend: str, server: str, timeout: float) -> bool:
+def wait_for_record(backend: str, server: str, timeout: float, router: str = ROUTER) -> bool:
     """Wait on the router itself until a rollout's drain record for ``backend``/``server`` exists (the d3_state role
     writes it just before the drain; polled there every 0.05 s: one podman exec). False at the deadline or after
     stop_waiting()."""
     drains = yaml.safe_load((ROOT / "roles/d3_state/defaults/main.yml").read_text())["d3_state_drains_dir"]
     script = f"until [ -e {drains}/{backend}--{server}.json ]; do sleep 0.05; done"
-    proc = subprocess.Popen(["podman", "exec", ROUTER, "timeout", str(int(timeout)), "sh", "-c", script],
+    proc = subprocess.Popen(["podman", "exec", router, "timeout", str(int(timeout)), "sh", "-c", script],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     _WAITERS.append(proc)  # type: ignore[arg-type]
     return proc.wait() == 0
@@ -196,6 +200,55 @@ def vip() -> str | None:
     lab's two routers, on their VRRP bridge, which this machine reaches), None without one."""
     group = labkit.lab_inventory()["all"]["children"].get(labkit.ROUTER_GROUP) or {}
     return (group.get("vars") or {}).get("d3_router_vip") or None
+
+
+def router_url(router: str, port: int) -> str:
+    """A lab router's port as this machine reaches it: the router's own address on the VRRP bridge (HAProxy listens
+    on every address of a router of a pair), else the port the lab publishes on loopback (``machine_url``)."""
+    if vip():
+        number = ROUTERS.index(router) + 1
+        return f"http://{_LAB['lab_hosts_vrrp_base']}.{10 + number}:{port}"
+    assert router == ROUTER, f"{router}: the lab publishes only {ROUTER}'s ports"
+    return machine_url(port)
+
+
+def vip_holder() -> str | None:
+    """The lab router whose VRRP link (vrrp0) holds the virtual address now (keepalived adds it there), None when none
+    does or the lab has no virtual address."""
+    address = vip()
+    for router in ROUTERS if address else []:
+        out = subprocess.run(["podman", "exec", router, "ip", "-4", "-o", "address", "show", "dev", "vrrp0"],
+                             capture_output=True, text=True, check=False).stdout  # fmt: skip
+        if f" {address}/" in out:
+            return router
+    return None
+
+
+def hold_vip(router: str) -> None:
+    """Move the virtual address to ``router`` when another lab router holds it: restart keepalived there (it gives the
+    address up; with nopreempt it comes back as BACKUP), then wait until ``router`` holds it. Nothing without a pair."""
+    holder = vip_holder()
+    if holder is None or holder == router:
+        return
+    on_host(holder, "systemctl restart keepalived")
+    labkit.wait_until(f"{router} holds {vip()}", lambda: vip_holder() == router, timeout=30, poll=0.2)
+
+
+def restart_router(router: str, timeout: float = 120.0) -> None:
+    """Start a lab router host that was killed (``podman kill``: its network namespace went with it), re-make its VRRP
+    link (the lab_hosts role's lab_vrrp_link.sh, as `make lab` made it) and wait until HAProxy and keepalived run."""
+    labkit.podman("start", router)
+    number = ROUTERS.index(router) + 1
+    base, bridge = _LAB["lab_hosts_vrrp_base"], _LAB["lab_hosts_vrrp_bridge"]
+    subprocess.run(["sh", str(ROOT / "lab/roles/lab_hosts/files/lab_vrrp_link.sh"), bridge, f"{base}.1/24", router,
+                    f"{base}.{10 + number}/24", f"d3lab-vr{number}"], check=True, capture_output=True)  # fmt: skip
+
+    def running() -> bool:
+        out = subprocess.run(["podman", "exec", router, "systemctl", "is-active", "haproxy", "keepalived"],
+                             capture_output=True, text=True, check=False).stdout.split()  # fmt: skip
+        return out == ["active", "active"]
+
+    labkit.wait_until(f"{router}: haproxy and keepalived active", running, timeout=timeout, poll=0.5)
 
 
 def endpoint_urls(models: dict[str, Any], names: list[str]) -> dict[str, str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from labkit import ROOT, Run, on_host, wait_until
-from routerkit import ROUTER
+from routerkit import ROUTER, ROUTERS
 
 pytestmark = pytest.mark.lab
 
@@ -93,8 +93,8 @@ def test_every_planned_instance_router_and_host_is_an_up_target_with_the_plan_s_
                                                                      "--filter label=io.d3-fleet.instance").split()}  # fmt: skip
     assert instances == running, (instances, running)
     nodes = {t["labels"]["host"] for t in planned if t["job"] == "d3-node"}
-    assert nodes == set(host_names) | {ROUTER}
-    assert {t["labels"]["host"] for t in planned if t["job"] == "d3-router"} == {ROUTER}
+    assert nodes == set(host_names) | set(ROUTERS)
+    assert {t["labels"]["host"] for t in planned if t["job"] == "d3-router"} == set(ROUTERS)
 
     def all_up() -> list[dict[str, Any]] | None:
         active = targets()
@@ -119,7 +119,7 @@ def test_every_planned_instance_router_and_host_is_an_up_target_with_the_plan_s_
 
 def test_the_router_s_exporter_is_an_up_target(planned: list[dict[str, Any]]) -> None:
     router = [t for t in targets() if t["labels"]["job"] == "d3-router"]
-    assert [(t["labels"]["host"], t["health"]) for t in router] == [(ROUTER, "up")], router
+    assert sorted((t["labels"]["host"], t["health"]) for t in router) == [(r, "up") for r in sorted(ROUTERS)], router
 
 
 def test_promtool_passes_on_the_monitor_s_own_files(planned: list[dict[str, Any]]) -> None:
@@ -210,8 +210,9 @@ def test_a_load_through_the_router_moves_running_and_waiting(planned: list[dict[
 
 
 def test_a_router_server_drained_past_its_window_fires_the_replica_alert(planned: list[dict[str, Any]]) -> None:
-    """A model's server drained on the router (an operator's `set server ... state drain`) for longer than
-    d3_metrics_replicas_for: its UP servers fall below the plan's replicas and D3ModelReplicasMissing fires."""
+    """A model's server drained on the routers (an operator's `set server ... state drain`, on each router of the
+    pair: the rule counts UP servers over every router's series, issue 32) for longer than d3_metrics_replicas_for: its
+    UP servers fall below the plan's replicas and D3ModelReplicasMissing fires."""
     from routerkit import MODEL, REPLICAS, server_states, set_state
 
     backend = f"be_{MODEL}"
@@ -220,7 +221,8 @@ def test_a_router_server_drained_past_its_window_fires_the_replica_alert(planned
     server = next(s for s in server_states(backend) if s.startswith(f"{victim['host']}-"))
     assert firing("D3ModelReplicasMissing", model=MODEL) is None
     drained = time.monotonic()
-    set_state(backend, server, "drain")
+    for router in ROUTERS:
+        set_state(backend, server, "drain", router)
     try:
         wait_until("D3ModelReplicasMissing firing", lambda: firing("D3ModelReplicasMissing", model=MODEL),
                    timeout=REPLICAS_FOR_S + 3 * SCRAPE_S + 2 * EVAL_S, poll=1)  # fmt: skip
@@ -228,6 +230,8 @@ def test_a_router_server_drained_past_its_window_fires_the_replica_alert(planned
         assert took >= REPLICAS_FOR_S, f"fired {took:.1f} s after the drain, before its for: of {REPLICAS_FOR_S} s"
         print(f"D3ModelReplicasMissing fired {took:.1f} s after the drain")
     finally:
-        set_state(backend, server, "ready")
-    assert server_states(backend)[server] == "UP"  # given back (the alert stops on the next evaluations: not waited for)
+        for router in ROUTERS:
+            set_state(backend, server, "ready", router)
+    # given back (the alert stops on the next evaluations: not waited for)
+    assert all(server_states(backend, r)[server] == "UP" for r in ROUTERS)
 

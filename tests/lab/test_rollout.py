@@ -4,7 +4,8 @@ false` places them; lab/vars/lab.yml), one backend with three servers. Every rol
 lab inventory where they answer in 1 s (the simulator's D3_SIM_REQUEST_MS, a STAND-IN for long decisions;
 lab/README.md):
 - the controller killed while the canary's first wave is drained (drill 8, the rollout that makes the replicas
-  slow): its d3-lite drained, its d3-lite-2 still UP (one at a time); status.yml names the drained server as left by
+  slow): its d3-lite drained, its d3-lite-2 still UP (one at a time); HAProxy killed with SIGKILL and started again
+  by systemd brings the drain back from its state file; status.yml names the drained server as left by
   an interrupted rollout (and, asked about nightly-next, every host's drift: the next test's "before"); with the
   other replicas put in MAINT by an operator, the next run gives the drained one back and is refused before any
   change (the drain would leave d3-lite without an UP server), the operator's MAINTs stay; once they are lifted,
@@ -20,7 +21,13 @@ lab/README.md):
   command; status shows none after;
 - a rollout of the replicas to the broken tag under load (drill 9): it stops at the canary, which is drained again,
   rolled back, serving and given back to the router; the other replica's host is never drained nor restarted; no
-  request fails.
+  request fails;
+- a rollout of the whole fleet back to the first tag (the lab inventory's own units) while 32 keep-alive clients send
+  decisions to d3-lite through the routers' virtual address, with the router that holds the address killed (`podman
+  kill`: the host dies) as soon as the rollout drains d3-lab-host2's first replica, and started again: the other
+  router takes the address within seconds (printed: the figures of docs/router.md), the requests sent a second after
+  the move all succeed, the rollout finishes, and no server is left drained, no drain record and no lease on either
+  router.
 
 The lab is a STAND-IN (lab/README.md); its simulator's cold starts are the field report's, shortened 30x."""
 
@@ -152,8 +159,8 @@ def unit_events(run: Run) -> list[int]:
     return [i for i in role_events(run, "d3_units") if run.events[i]["event_data"].get("task") not in UNIT_INPUT_CHECKS]
 
 
-def _drain_records() -> str:
-    return on_host(ROUTER, f"cat {DRAINS}/*.json 2>/dev/null || true")
+def _drain_records(router: str = ROUTER) -> str:
+    return on_host(router, f"cat {DRAINS}/*.json 2>/dev/null || true")
 
 
 def facts_of(run: Run, task: str, fact: str) -> dict[str, Any]:
@@ -171,19 +178,21 @@ def messages(run: Run, task: str) -> list[tuple[str, Any]]:
 
 DRAIN_TASK = "Drain this host's instances in every router and wait (no new request; the current ones finish)"
 GIVE_TASK = "Give back this host's drained instances in every router and wait until each is UP"
-WAVE_READ_TASK = "Read every router's servers before this wave's drain (show stat)"
+# before each wave (tasks/rollout_routers_live.yml)
+WAVE_READ_TASK = "Read every router's servers (show stat; a router that does not answer is left out)"
 STOP_TASK = "Stop the instances that restart beside another on their GPU, before any of them starts"
 
 
-def drains_of(run: Run, task: str = DRAIN_TASK) -> list[tuple[int, str, list[dict[str, Any]]]]:
-    """(event index, host, servers) of every drain (or give-back) the run made, in order; for a drain, each server's
-    `before`: its show stat row as read just before its drain was set (scur: its requests in flight then)."""
+def drains_of(run: Run, task: str = DRAIN_TASK, router: str = ROUTER) -> list[tuple[int, str, list[dict[str, Any]]]]:
+    """(event index, host, servers) of every drain (or give-back) the run made in ``router``, in order; for a drain,
+    each server's `before`: its show stat row as read just before its drain was set (scur: its requests in flight)."""
     out = []
     for i, e in enumerate(run.events):
         data = e.get("event_data", {})
         if e.get("event") == "runner_on_ok" and data.get("task") == task:
             for item in (data.get("res") or {}).get("results", []):
-                out.append((i, data["host"], item.get("before") or item.get("servers") or []))
+                if (item.get("item") or {}).get("router") == router:
+                    out.append((i, data["host"], item.get("before") or item.get("servers") or []))
     return out
 
 
@@ -243,6 +252,21 @@ def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str,
     # the first wave drained the canary's d3-lite only: its second replica on the same host kept serving
     assert states[first] == "DRAIN" and states[second] == "UP", states
     assert f'"server": "{first}"' in _drain_records() and f'"server": "{second}"' not in _drain_records()
+
+    # HAProxy killed (SIGKILL to the master and its workers: nothing saved on the way down) and started again by
+    # systemd (Restart=always, the package's unit): the drain comes back from the server-state file the module wrote
+    # after it, owned by the killed rollout's record: status.yml reports it below and the next run gives it back
+    pids = on_host(ROUTER, "pidof haproxy").split()
+    on_host(ROUTER, "pkill -KILL -x haproxy")
+
+    def restarted() -> bool:
+        now = on_host(ROUTER, "pidof haproxy || true").split()
+        answer = on_host(ROUTER, f"echo 'show stat' | socat stdio {routerkit.SOCKET}", check=False)
+        return bool(now) and not set(now) & set(pids) and f"\n{backend}," in answer
+
+    labkit.wait_until(f"{ROUTER}: HAProxy started again after kill -9", restarted, timeout=60, poll=0.5)
+    states = server_states(backend)
+    assert states[first] == "DRAIN" and states[second] == "UP", states
 
     # status.yml names the server left drained; asked about nightly-next, every host drifts (the next test's rollout)
     report: dict[str, Any] = {}
@@ -308,6 +332,8 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     old, new = registry_digest("nightly"), registry_digest("nightly-next")
     assert old != new
     backend, names = routed[MODEL]["backend"], servers_of(routed)
+    # the clients reach ROUTER (the virtual address on it), where the stats are sampled and the reload is made
+    routerkit.hold_vip(ROUTER)
 
     # status before: every host drifts from nightly-next (seen by the drill's status run, which asks about it; alone,
     # this test asks itself)
@@ -554,3 +580,71 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
     assert running(other) == before[other]
     figure(9, "broken image at the canary", f"stopped at the canary {canary}, drained again, back on its previous digest, "
            f"serving and given back to the router; the other replica untouched; 0 failed requests", started)  # fmt: skip
+
+
+LEASE = "/var/lib/d3/rollout-lease.json"  # the d3_state role's d3_state_lease_file default (on each router)
+
+
+def test_whole_fleet_rollout_through_the_virtual_address_survives_a_router_failover(routed: dict[str, Any]) -> None:
+    """The router holding the virtual address dies in the middle of a whole-fleet rollout (its drain of d3-lab-host2's
+    d3-lite in progress there, recorded, and saved in its server-state file) and comes back: the rollout leaves it out
+    while it does not answer, finishes, and at its end gives back what the dead router brought back from its state
+    file; no request sent a second after the address moved fails."""
+    address = routerkit.vip()
+    assert address, "the lab has no router pair (d3_router_vip): make lab"
+    dead = routerkit.vip_holder()
+    assert dead, f"no lab router holds {address}"
+    (other,) = [r for r in routerkit.ROUTERS if r != dead]
+    backend, names = routed[MODEL]["backend"], servers_of(routed)
+    target = registry_digest("nightly")
+    url = f"http://{address}:{routerkit.ENDPOINT_PORT}"
+    events: dict[str, Any] = {}
+    outcome: dict[str, Run] = {}
+
+    def rollout() -> None:
+        outcome["run"] = run_playbook("playbooks/rollout.yml",
+                                      extravars={"d3_image_name": f"{IMAGE}:nightly", "d3_image_digest": target})
+
+    with routerkit.KeepAliveClients({MODEL: url}, 32, timeout=30) as clients:
+        thread = threading.Thread(target=rollout, daemon=True)
+        thread.start()
+        try:
+            recorded = routerkit.wait_for_record(backend, names[PAIR_HOST][0], timeout=400, router=dead)
+            assert recorded, f"the rollout never drained {names[PAIR_HOST][0]} on {dead}"
+            assert routerkit.wait_for_state(backend, "DRAIN", timeout=30, router=dead), f"no drain on {dead}"
+            events["killed"] = time.monotonic()
+            labkit.podman("kill", dead, check=True)
+            labkit.wait_until(f"{other} holds {address}", lambda: routerkit.vip_holder() == other, timeout=30, poll=0.1)
+            events["moved"] = time.monotonic()
+            routerkit.restart_router(dead)
+            events["back"] = time.monotonic()
+        finally:
+            routerkit.stop_waiting()
+            thread.join(timeout=900)
+    run = outcome["run"]
+    assert run.status == "successful", run.failure_text()
+
+    results = list(clients.results)
+    moved_s = events["moved"] - events["killed"]
+    failed = [r for r in results if r[4] != 200]
+    late = [r for r in failed if r[2] >= events["moved"] + 1.0]
+    after = sorted(r[2] + r[3] - events["killed"] for r in results if r[4] == 200 and r[2] + r[3] > events["killed"])
+    print(f"\nrouter failover mid-rollout ({time.strftime('%Y-%m-%d')}): {dead} killed while draining "
+          f"{names[PAIR_HOST][0]}; {other} held {address} after {moved_s:.2f} s; first answer after the kill "
+          f"{after[0]:.2f} s; {dead} back (haproxy, keepalived active) {events['back'] - events['killed']:.1f} s after "
+          f"the kill; {len(results)} requests by 32 keep-alive clients, {len(failed)} failed, {len(late)} of them sent "
+          f"1 s or more after the move")  # fmt: skip
+    assert moved_s < 10, moved_s
+    assert not late, late[:5]
+
+    # every instance on the pinned digest; the routers: every server UP, no drain record, no lease, on both
+    for host in sorted({s["host"] for m in routed.values() for s in m["servers"]}):
+        assert {image for image, _ in running(host).values()} == {f"{IMAGE}@{target}"}, host
+    for router in routerkit.ROUTERS:
+        states = server_states(backend, router)
+        assert set(states.values()) == {"UP"}, (router, states)
+        assert _drain_records(router).strip() == "", router
+        assert on_host(router, f"test -e {LEASE} && echo present || echo absent").strip() == "absent", router
+    # what the rollout said about the router while it was down (left out of a step), if a step met it down
+    left_out = [m for _, m in messages(run, "Say which routers are left out")]
+    print("  the rollout said: " + (" | ".join(map(str, left_out)) or f"nothing ({dead} answered at every step)"))

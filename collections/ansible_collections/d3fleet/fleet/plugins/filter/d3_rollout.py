@@ -303,6 +303,41 @@ def drain_plan(stats: dict[str, list[dict[str, Any]]], servers: Any) -> list[dic
     return plan
 
 
+def routers_live(results: Any, services: Any = None) -> dict[str, Any]:
+    """Which routers answer, from the loop results of a ``show stat`` read delegated to each router with
+    ``ignore_unreachable`` and ``failed_when: false`` (item: the router), and for the routers whose read failed, the
+    results of ``systemctl is-active haproxy.service`` there (``services``, same shape). A router answers when its read
+    returned ``stat``. One that is unreachable (its host down), or whose HAProxy is not running, serves no client
+    (keepalived moves the virtual address off it): the rollout neither drains nor waits on it. A read that failed while
+    HAProxy runs (a wrong socket, a refused command) is an error: that router serves clients the rollout cannot drain.
+    Returns ``stats`` {router: rows} of those that answer, ``down`` {router: why}, ``errors`` {router: the read's
+    message}, ``unread`` (the routers reached whose read failed: where to ask systemctl), ``line``: what to say about
+    ``down`` ('' when every router answers)."""
+    active = {str(r.get("item")): str(r.get("stdout") or "").strip() for r in services or [] if not r.get("unreachable")}
+    stats: dict[str, Any] = {}
+    down: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    unread: list[str] = []
+    for result in results or []:
+        router = str(result.get("item"))
+        why = " ".join(str(result.get("msg") or "no answer").split())[:300]
+        if not result.get("unreachable") and isinstance(result.get("stat"), list):
+            stats[router] = result["stat"]
+        elif result.get("unreachable"):
+            down[router] = f"unreachable ({why})"
+        else:
+            unread.append(router)
+            if active.get(router, "active") == "active":
+                errors[router] = why
+            else:
+                down[router] = f"HAProxy not running (haproxy.service {active[router] or 'unknown'})"
+    line = "; ".join(f"{router}: {why}" for router, why in sorted(down.items()))
+    if line:
+        line = (f"Routers not serving, left out of this step: {line}. A drain of this rollout they still hold is given "
+                "back at the rollout's end if they answer by then; else status.yml reports it.")
+    return {"stats": stats, "down": down, "errors": errors, "unread": unread, "line": line}
+
+
 def drain_detail(plan: list[dict[str, Any]]) -> str:
     """What a drain did, for the progress line: per router, each server drained with the requests it had in flight
     (``show stat`` scur, read just before the drain), then the servers left as found."""
@@ -461,7 +496,7 @@ class FilterModule:
                 "d3_rollout_slice_problems": slice_problems, "d3_rollout_drain_check": drain_check,
                 "d3_rollout_drain_plan": drain_plan, "d3_rollout_drain_detail": drain_detail,
                 "d3_rollout_drain_records": drain_records,
-                "d3_rollout_restore_plan": restore_plan, "d3_rollout_progress": progress,
+                "d3_rollout_restore_plan": restore_plan, "d3_rollout_routers_live": routers_live, "d3_rollout_progress": progress,
                 "d3_rollout_batch_line": batch_line, "d3_rollout_failure_cause": failure_cause,
                 "d3_rollout_downtimes": rollout_downtimes, "d3_rollout_rows": rollout_rows,
                 "d3_rollout_summary": summary, "d3_systemctl_show": systemctl_show}  # fmt: skip

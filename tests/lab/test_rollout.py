@@ -9,7 +9,10 @@ lab/README.md):
   an interrupted rollout (and, asked about nightly-next, every host's drift: the next test's "before"); with the
   other replicas put in MAINT by an operator, the next run gives the drained one back and is refused before any
   change (the drain would leave d3-lite without an UP server), the operator's MAINTs stay; once they are lifted,
-  the next run completes with nothing lost;
+  the next run, on the whole fleet, completes with nothing lost although the router holding the virtual address is
+  killed in its middle (while 32 keep-alive clients use the address: the other router takes it within seconds,
+  printed for docs/router.md; no request sent a second after the move fails) and started again: no server drained,
+  no drain record, no lease left on either router;
 - a rollout of the whole fleet to the simulator's second tag while 32 closed-loop keep-alive clients send 1 s
   decisions to d3-lite through the router, with a router reload by hand (`systemctl reload haproxy`: the d3_router
   role's drop-in saves the server state first) while a replica is drained: no request fails, each d3-lite server had
@@ -21,13 +24,7 @@ lab/README.md):
   command; status shows none after;
 - a rollout of the replicas to the broken tag under load (drill 9): it stops at the canary, which is drained again,
   rolled back, serving and given back to the router; the other replica's host is never drained nor restarted; no
-  request fails;
-- a rollout of the whole fleet back to the first tag (the lab inventory's own units) while 32 keep-alive clients send
-  decisions to d3-lite through the routers' virtual address, with the router that holds the address killed (`podman
-  kill`: the host dies) as soon as the rollout drains d3-lab-host2's first replica, and started again: the other
-  router takes the address within seconds (printed: the figures of docs/router.md), the requests sent a second after
-  the move all succeed, the rollout finishes, and no server is left drained, no drain record and no lease on either
-  router.
+  request fails.
 
 The lab is a STAND-IN (lab/README.md); its simulator's cold starts are the field report's, shortened 30x."""
 
@@ -210,6 +207,58 @@ def run_id(run: Run) -> str:
     raise AssertionError("the rollout took no lease")
 
 
+LEASE = "/var/lib/d3/rollout-lease.json"  # the d3_state role's d3_state_lease_file default (on each router)
+
+
+def rollout_through_a_router_failover(routed: dict[str, Any], extravars: dict[str, Any], inventory: Path) -> tuple[Run, dict[str, Any]]:
+    """rollout.yml on the whole fleet while 32 keep-alive clients send d3-lite decisions to the routers' virtual
+    address; the router holding it is killed (`podman kill`: the host dies, nothing shuts down in order) as soon as the
+    rollout's drain of PAIR_HOST's d3-lite is set there, and started again (routerkit.restart_router). The run and the
+    failover's figures (printed: docs/router.md): when the other router held the address, the requests, those failed
+    and those failed among the ones sent 1 s or more after the move (``late``: must be none)."""
+    address = routerkit.vip()
+    assert address, "the lab has no router pair (d3_router_vip): make lab"
+    dead = routerkit.vip_holder()
+    assert dead, f"no lab router holds {address}"
+    (other,) = [r for r in routerkit.ROUTERS if r != dead]
+    backend, server = routed[MODEL]["backend"], servers_of(routed)[PAIR_HOST][0]
+    events: dict[str, float] = {}
+    outcome: dict[str, Run] = {}
+    thread = threading.Thread(target=lambda: outcome.update(run=run_playbook("playbooks/rollout.yml", extravars=extravars,
+                                                                             inventory=inventory)), daemon=True)  # fmt: skip
+    url = f"http://{address}:{routerkit.ENDPOINT_PORT}"
+    with routerkit.KeepAliveClients({MODEL: url}, CLIENTS, timeout=30) as clients:
+        thread.start()
+        try:
+            assert routerkit.wait_for_record(backend, server, timeout=600, router=dead), f"{server} never drained on {dead}"
+            assert routerkit.wait_for_state(backend, "DRAIN", timeout=30, router=dead), f"no drain on {dead}"
+            events["killed"] = time.monotonic()
+            labkit.podman("kill", dead, check=True)
+            labkit.wait_until(f"{other} holds {address}", lambda: routerkit.vip_holder() == other, timeout=30, poll=0.1)
+            events["moved"] = time.monotonic()
+            routerkit.restart_router(dead)
+            events["back"] = time.monotonic()
+        finally:
+            routerkit.stop_waiting()
+            thread.join(timeout=900)
+    assert "run" in outcome, "the rollout did not end within 900 s"
+    results = list(clients.results)
+    failed = [r for r in results if r[4] != 200]
+    late = [r for r in failed if r[2] >= events["moved"] + 1.0]
+    answered = sorted(r[2] + r[3] for r in results if r[4] == 200 and r[2] + r[3] > events["killed"])
+    figures = {"dead": dead, "other": other, "moved_s": round(events["moved"] - events["killed"], 2),
+               "first_answer_s": round(answered[0] - events["killed"], 2) if answered else None,
+               "back_s": round(events["back"] - events["killed"], 1), "requests": len(results), "failed": len(failed),
+               "late": late[:5]}  # fmt: skip
+    left_out = [m for _, m in messages(outcome["run"], "Say which routers are left out")]
+    print(f"\nrouter failover in a whole-fleet rollout ({time.strftime('%Y-%m-%d')}, {CLIENTS} keep-alive clients on {url}): "
+          f"{dead} killed while draining {server}; {other} held {address} after {figures['moved_s']} s; first answer "
+          f"after the kill {figures['first_answer_s']} s; {dead} back (haproxy, keepalived active) {figures['back_s']} s "
+          f"after the kill; {len(results)} requests, {len(failed)} failed, {len(late)} of them sent 1 s or more after "
+          f"the move; the rollout said: {left_out or 'nothing (every step found both routers answering)'}")  # fmt: skip
+    return outcome["run"], figures
+
+
 def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str, Any], slow: Path, tmp_path: Path) -> None:
     """Drill 8 on d3-lite's replicas (the rollout that gives them the slow answers): SIGKILL ansible-playbook (and its
     workers) as soon as the canary's first unit file changed - the canary's first wave drained in the router (its
@@ -228,7 +277,6 @@ def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str,
     serving_before = {h: sorted(running(h)) for h in REPLICAS}
     images_before = {h: set(on_host(h, "podman images -q --no-trunc").split()) for h in REPLICAS}
     weights_before = {h: on_host(h, "ls /var/lib/d3/huggingface/hub/*/snapshots") for h in REPLICAS}
-    limit = ":".join(REPLICAS)
     # the digest pinned: the drill must not depend on what the tag resolves to while it runs
     pinned = {"d3_image_name": f"{IMAGE}:nightly", "d3_image_digest": target}
     # the canary alone: the kill comes in its first wave, before the other host would be reached anyway
@@ -297,7 +345,10 @@ def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str,
             set_state(backend, server, "ready")
     labkit.wait_until("d3-lite's servers UP", lambda: set(server_states(backend).values()) == {"UP"}, timeout=30, poll=0.5)
 
-    resumed = run_playbook("playbooks/rollout.yml", limit=limit, extravars=pinned, inventory=slow)
+    # the next run: the whole fleet (the canary of this run is d3-lab-host1, which has nothing to change), 32
+    # keep-alive clients on the routers' virtual address, and the router that holds it killed as soon as the run
+    # drains PAIR_HOST's d3-lite there, then started again: the rollout goes on without it and finishes
+    resumed, failover = rollout_through_a_router_failover(routed, pinned, slow)
     assert resumed.status == "successful", resumed.failure_text()
     reasons = {key: reason for key, (_, reason) in downtimes_by_host(resumed).items()}
     for host in untouched:
@@ -317,11 +368,17 @@ def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str,
         assert on_host(host, "ls /var/lib/d3/huggingface/hub/*/snapshots") == weights_before[host], host  # weights kept
     # the canary's unit written by the killed run was restarted although it did not change again
     assert any("newer than the" in r for (host, _), r in reasons.items() if host == canary), reasons
-    assert set(server_states(backend).values()) == {"UP"} and _drain_records().strip() == ""
+    # no server drained, no drain record and no lease on either router (the one killed brought its drain back from its
+    # state file: given back by the wave or at the rollout's end); no request sent a second after the move failed
+    for router in routerkit.ROUTERS:
+        assert set(server_states(backend, router).values()) == {"UP"}, (router, server_states(backend, router))
+        assert _drain_records(router).strip() == "", router
+        assert on_host(router, f"test -e {LEASE} && echo present || echo absent").strip() == "absent", router
+    assert failover["moved_s"] < 10 and not failover["late"], failover
     figure(8, "controller killed mid-rollout", f"killed {killed_at:.0f} s in ({first} drained, {second} serving, units "
            f"half switched); status named the drain; refused with {', '.join(held)} in MAINT (kept), {first} given back; "
-           f"the next run completed, {len(reasons)} instances restarted, record = units, marker and drain records gone",
-           started)  # fmt: skip
+           f"the next run (the whole fleet, the router holding the address killed in it) completed, {len(reasons)} "
+           f"instances restarted, record = units, marker, drain records and leases gone", started)  # fmt: skip
 
 
 # what the drill's status run saw (asked about nightly-next): the whole-fleet rollout's drift before it
@@ -364,20 +421,27 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
         if record:
             on_host(PAIR_HOST, f"kill -STOP {pid}")
             frozen["at"] = time.monotonic()
-        # one wait on the router itself (show stat every 0.1 s there, not a podman exec from here each time)
-        drained = routerkit.wait_for_state(backend, "DRAIN", timeout=600)
-        if drained and routerkit.STATE_FILE:
-            others = [beside_the_rollout("second", "playbooks/rollout.yml", limit=fleet[-1],
-                                         extravars={"d3_image_name": f"{IMAGE}:nightly-next"}),
-                      beside_the_rollout("site", "site.yml", cmdline="--tags router")]  # fmt: skip
-            how = routerkit.reload_by_hand()
-            reloads.append({"server": drained, "how": how, "after": server_states(backend).get(drained)})
-            if frozen:
-                time.sleep(max(0.0, frozen["at"] + SLOW_S - time.monotonic()))
-                on_host(PAIR_HOST, f"kill -CONT {pid}")
-                frozen["for_s"] = round(time.monotonic() - frozen["at"], 1)
-            for thread in others:
-                thread.join(timeout=600)
+        try:
+            # one wait on the router itself (show stat every 0.1 s there, not a podman exec from here each time)
+            drained = routerkit.wait_for_state(backend, "DRAIN", timeout=600)
+            if drained and routerkit.STATE_FILE:
+                others = [beside_the_rollout("second", "playbooks/rollout.yml", limit=fleet[-1],
+                                             extravars={"d3_image_name": f"{IMAGE}:nightly-next"}),
+                          beside_the_rollout("site", "site.yml", cmdline="--tags router")]  # fmt: skip
+                how = routerkit.reload_by_hand()
+                reloads.append({"server": drained, "how": how, "after": server_states(backend).get(drained)})
+                if frozen:
+                    time.sleep(max(0.0, frozen["at"] + SLOW_S - time.monotonic()))
+                    thaw()
+                for thread in others:
+                    thread.join(timeout=600)
+        finally:
+            thaw()  # whatever happened: a failure here must not leave the instance stopped for the next test
+
+    def thaw() -> None:
+        if frozen and "for_s" not in frozen:
+            on_host(PAIR_HOST, f"kill -CONT {pid}")
+            frozen["for_s"] = round(time.monotonic() - frozen["at"], 1)
 
     urls = routerkit.endpoint_urls(routed, [MODEL])
     watcher = threading.Thread(target=reload_while_drained, daemon=True)
@@ -581,70 +645,3 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
     figure(9, "broken image at the canary", f"stopped at the canary {canary}, drained again, back on its previous digest, "
            f"serving and given back to the router; the other replica untouched; 0 failed requests", started)  # fmt: skip
 
-
-LEASE = "/var/lib/d3/rollout-lease.json"  # the d3_state role's d3_state_lease_file default (on each router)
-
-
-def test_whole_fleet_rollout_through_the_virtual_address_survives_a_router_failover(routed: dict[str, Any]) -> None:
-    """The router holding the virtual address dies in the middle of a whole-fleet rollout (its drain of d3-lab-host2's
-    d3-lite in progress there, recorded, and saved in its server-state file) and comes back: the rollout leaves it out
-    while it does not answer, finishes, and at its end gives back what the dead router brought back from its state
-    file; no request sent a second after the address moved fails."""
-    address = routerkit.vip()
-    assert address, "the lab has no router pair (d3_router_vip): make lab"
-    dead = routerkit.vip_holder()
-    assert dead, f"no lab router holds {address}"
-    (other,) = [r for r in routerkit.ROUTERS if r != dead]
-    backend, names = routed[MODEL]["backend"], servers_of(routed)
-    target = registry_digest("nightly")
-    url = f"http://{address}:{routerkit.ENDPOINT_PORT}"
-    events: dict[str, Any] = {}
-    outcome: dict[str, Run] = {}
-
-    def rollout() -> None:
-        outcome["run"] = run_playbook("playbooks/rollout.yml",
-                                      extravars={"d3_image_name": f"{IMAGE}:nightly", "d3_image_digest": target})
-
-    with routerkit.KeepAliveClients({MODEL: url}, 32, timeout=30) as clients:
-        thread = threading.Thread(target=rollout, daemon=True)
-        thread.start()
-        try:
-            recorded = routerkit.wait_for_record(backend, names[PAIR_HOST][0], timeout=400, router=dead)
-            assert recorded, f"the rollout never drained {names[PAIR_HOST][0]} on {dead}"
-            assert routerkit.wait_for_state(backend, "DRAIN", timeout=30, router=dead), f"no drain on {dead}"
-            events["killed"] = time.monotonic()
-            labkit.podman("kill", dead, check=True)
-            labkit.wait_until(f"{other} holds {address}", lambda: routerkit.vip_holder() == other, timeout=30, poll=0.1)
-            events["moved"] = time.monotonic()
-            routerkit.restart_router(dead)
-            events["back"] = time.monotonic()
-        finally:
-            routerkit.stop_waiting()
-            thread.join(timeout=900)
-    run = outcome["run"]
-    assert run.status == "successful", run.failure_text()
-
-    results = list(clients.results)
-    moved_s = events["moved"] - events["killed"]
-    failed = [r for r in results if r[4] != 200]
-    late = [r for r in failed if r[2] >= events["moved"] + 1.0]
-    after = sorted(r[2] + r[3] - events["killed"] for r in results if r[4] == 200 and r[2] + r[3] > events["killed"])
-    print(f"\nrouter failover mid-rollout ({time.strftime('%Y-%m-%d')}): {dead} killed while draining "
-          f"{names[PAIR_HOST][0]}; {other} held {address} after {moved_s:.2f} s; first answer after the kill "
-          f"{after[0]:.2f} s; {dead} back (haproxy, keepalived active) {events['back'] - events['killed']:.1f} s after "
-          f"the kill; {len(results)} requests by 32 keep-alive clients, {len(failed)} failed, {len(late)} of them sent "
-          f"1 s or more after the move")  # fmt: skip
-    assert moved_s < 10, moved_s
-    assert not late, late[:5]
-
-    # every instance on the pinned digest; the routers: every server UP, no drain record, no lease, on both
-    for host in sorted({s["host"] for m in routed.values() for s in m["servers"]}):
-        assert {image for image, _ in running(host).values()} == {f"{IMAGE}@{target}"}, host
-    for router in routerkit.ROUTERS:
-        states = server_states(backend, router)
-        assert set(states.values()) == {"UP"}, (router, states)
-        assert _drain_records(router).strip() == "", router
-        assert on_host(router, f"test -e {LEASE} && echo present || echo absent").strip() == "absent", router
-    # what the rollout said about the router while it was down (left out of a step), if a step met it down
-    left_out = [m for _, m in messages(run, "Say which routers are left out")]
-    print("  the rollout said: " + (" | ".join(map(str, left_out)) or f"nothing ({dead} answered at every step)"))

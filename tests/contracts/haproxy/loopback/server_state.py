@@ -1,22 +1,32 @@
-"""Item 1 on real HAProxy: a reload (and a stop/start) with ports moved while servers are drained / in maintenance."""
+"""A reload (and a stop, then a start) with ports moved while servers are drained and in maintenance, on Debian's
+HAProxy 2.6 and 3.0: the state saved unchanged (as before), then through the d3_router helper. Writes the results as
+tests/contracts/haproxy/server-state.json's "captures". Usage: python3 server_state.py HELPER (stubs: stub.py on
+31001-31006)."""
+
+from __future__ import annotations
+
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
-D = "/tmp/rfix-exp"
-HELPER = sys.argv[1]
-BINS = {"2.6.12-1+deb12u4": "/tmp/rfix-haproxy-2.6/haproxy", "3.0.11-1+deb13u4": "/tmp/rfix-haproxy-3.0/haproxy"}
+from common import BINS, D, ask, pid, start, stop
 
-def cfg(ports):
+HELPER = sys.argv[1]
+SOCK, STATE, CFG, PIDFILE, MASTER = D / "admin.sock", D / "server-state", D / "h.cfg", D / "h.pid", D / "master.sock"
+BEFORE, AFTER = [31001, 31002, 31003, 31004], [31001, 31005, 31006, 31004]
+PLAIN, FIXED, START = ("reload, plain save (before the fix)", "reload, the helper with the configuration",
+                       "stop, configuration changed, start (ExecStartPre --reconcile)")  # fmt: skip
+
+
+def config(ports: list[int]) -> str:
     servers = "".join(f"    server s{i} 127.0.0.1:{p} maxconn 4\n" for i, p in enumerate(ports, 1))
     return f"""global
-    stats socket {D}/admin.sock mode 660 level admin expose-fd listeners
-    server-state-file {D}/server-state
+    stats socket {SOCK} mode 660 level admin expose-fd listeners
+    server-state-file {STATE}
 defaults
     mode http
     load-server-state-from-file global
@@ -33,68 +43,68 @@ backend be_a
     default-server check inter 500 fall 2 rise 2 init-addr libc,none slowstart 10s
 {servers}"""
 
-def ask(cmd, path=f"{D}/admin.sock"):
-    s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(path); s.sendall(cmd.encode() + b"\n"); s.shutdown(socket.SHUT_WR)
-    out = b""
-    while c := s.recv(65536): out += c
-    s.close(); return out.decode()
 
-def stat():
-    rows = [l.split(",") for l in ask("show stat").splitlines() if l.startswith("be_a,s")]
-    return {r[1]: f"{r[17]} {r[73]}" for r in rows}
+def stat() -> dict[str, str]:
+    rows = [line.split(",") for line in ask(SOCK, "show stat").splitlines() if line.startswith("be_a,s")]
+    return {r[1]: f"{r[17]} {r[73]}" for r in rows}  # status, addr
 
-def reached(n=8):
-    out = {}
+
+def reached(n: int = 8) -> dict[str, int]:
+    out: dict[str, int] = {}
     for _ in range(n):
         try:
-            body = urllib.request.urlopen("http://127.0.0.1:31080/", timeout=3).read().decode().split()[1]
-        except Exception as exc:
+            with urllib.request.urlopen("http://127.0.0.1:31080/", timeout=3) as answer:
+                body = answer.read().decode().split()[1]  # the stub answers "port N"
+        except OSError as exc:
             body = f"error {type(exc).__name__}"
         out[body] = out.get(body, 0) + 1
     return out
 
-def start(binary):
-    subprocess.run([binary, "-W", "-S", f"{D}/master.sock", "-f", f"{D}/h.cfg", "-p", f"{D}/h.pid", "-D"], check=True, stderr=subprocess.DEVNULL)
-    time.sleep(1.5)
 
-def pid(): return int(open(f"{D}/h.pid").read())
+def helper(*args: str) -> list[str]:
+    return subprocess.run([sys.executable, HELPER, *args], capture_output=True, text=True, check=False).stderr.splitlines()
 
-def save(config=True):
-    args = [sys.executable, HELPER, f"{D}/admin.sock", f"{D}/server-state"] + ([f"{D}/h.cfg"] if config else [])
-    return subprocess.run(args, capture_output=True, text=True).stderr.splitlines()
 
-BEFORE, AFTER = [31001, 31002, 31003, 31004], [31001, 31005, 31006, 31004]
-def scenario(binary, how):
-    for f in ("server-state", "admin.sock", "master.sock"):
-        if os.path.exists(f"{D}/{f}"): os.remove(f"{D}/{f}")
-    open(f"{D}/h.cfg", "w").write(cfg(BEFORE)); start(binary)
-    ask("set server be_a/s1 state drain"); ask("set server be_a/s3 state drain"); ask("set server be_a/s4 state maint")
-    rec = {"before": stat()}
-    open(f"{D}/h.cfg", "w").write(cfg(AFTER))
-    if how == "reload, plain save (before the fix)":
-        ask("show servers state")  # as the old shell helper: the answer unchanged
-        open(f"{D}/server-state", "w").write(ask("show servers state")); notes = []
-        os.kill(pid(), signal.SIGUSR2)
-    elif how == "reload, the helper with the configuration":
-        notes = save(); os.kill(pid(), signal.SIGUSR2)
-    else:  # stop (the helper saves, config already new), start after --reconcile
-        notes = save(); os.kill(pid(), signal.SIGTERM); time.sleep(1)
-        notes += subprocess.run([sys.executable, HELPER, "--reconcile", f"{D}/server-state", f"{D}/h.cfg"], capture_output=True, text=True).stderr.splitlines()
-        start(binary)
+def scenario(binary: str, how: str) -> dict[str, object]:
+    for path in (STATE, SOCK, MASTER):
+        if path.exists():
+            path.unlink()
+    CFG.write_text(config(BEFORE))
+    start(binary, CFG, PIDFILE, MASTER)
+    for command in ("set server be_a/s1 state drain", "set server be_a/s3 state drain", "set server be_a/s4 state maint"):
+        ask(SOCK, command)
+    rec: dict[str, object] = {"before": stat()}
+    CFG.write_text(config(AFTER))
+    notes: list[str] = []
+    if how == PLAIN:  # as the shell helper before: HAProxy's answer unchanged
+        STATE.write_text(ask(SOCK, "show servers state"))
+        os.kill(pid(PIDFILE), signal.SIGUSR2)
+    elif how == FIXED:  # haproxy.service's ExecReload: the helper, then SIGUSR2 to the master
+        notes = helper(str(SOCK), str(STATE), str(CFG))
+        os.kill(pid(PIDFILE), signal.SIGUSR2)
+    else:  # ExecStop's save, then a start: ExecStartPre's --reconcile
+        notes = helper(str(SOCK), str(STATE), str(CFG))
+        os.kill(pid(PIDFILE), signal.SIGTERM)
+        time.sleep(1)
+        notes += helper("--reconcile", str(STATE), str(CFG))
+        start(binary, CFG, PIDFILE, MASTER)
     time.sleep(0.3)
-    rec["helper"] = [n.split(": ", 1)[1] for n in notes]
-    rec["state_file"] = open(f"{D}/server-state").read().splitlines()[2:]
+    rec["helper"] = [note.split(": ", 1)[1] for note in notes]
+    rec["state_file"] = STATE.read_text().splitlines()[2:]
     rec["just_after"] = stat()
     time.sleep(2.5)
-    rec["after_checks"] = stat(); rec["requests_reached_port"] = reached()
-    procs = ask("show proc", f"{D}/master.sock")
-    rec["workers"] = sum(1 for l in procs.splitlines() if " worker " in f" {l} ")
-    os.kill(pid(), signal.SIGTERM); time.sleep(0.8)
+    rec["after_checks"] = stat()
+    rec["requests_reached_port"] = reached()
+    rec["workers"] = sum(1 for line in ask(MASTER, "show proc").splitlines() if " worker " in f" {line} ")
+    stop(PIDFILE)
     return rec
 
-out = {}
-for version, binary in BINS.items():
-    out[version] = {how: scenario(binary, how) for how in ("reload, plain save (before the fix)", "reload, the helper with the configuration", "stop, configuration changed, start (ExecStartPre --reconcile)")}
-    out[version]["show_servers_state_header"] = None
-json.dump(out, open(f"{D}/state-results.json", "w"), indent=1)
-print(json.dumps(out, indent=1))
+
+def main() -> None:
+    out = {version: {how: scenario(binary, how) for how in (PLAIN, FIXED, START)} for version, binary in BINS.items()}
+    (D / "state-results.json").write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,7 @@ description:
     since HAProxy applies a server's C(slowstart) only when it was seen failed or leaves maintenance (doc/configuration.txt
     "slowstart"; src/server.c), so a server back from DRAIN would take its whole share of new requests at once; from
     MAINT its share grows over the C(slowstart) period (tests/contracts/haproxy/loopback-2.6.12-3.0.11.json). A V(DOWN)
-    server is given back with C(state ready) only: leaving maintenance sets its check health to C(rise) (src/server.c),
+    server is given back with C(state ready) only - leaving maintenance sets its check health to C(rise) (src/server.c),
     so it would be V(UP 1/2), taking new requests, until its first check failed; it stays V(DOWN), and ramps up over
     C(slowstart) when its checks pass (tests/contracts/haproxy/giveback-down.json).
   - After it changed a server's state, it writes C(show servers state) (doc/management.txt) to O(state_file), the file

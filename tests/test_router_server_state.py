@@ -21,7 +21,6 @@ from fake_haproxy import OneLineSocket
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections"))
 state = importlib.import_module("ansible_collections.d3fleet.fleet.plugins.module_utils.d3_server_state")
-HELPER = ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/module_utils/d3_server_state.py"
 CONTRACT = json.loads((ROOT / "tests/contracts/haproxy/server-state.json").read_text())
 VERSIONS = ["2.6.12-1+deb12u4", "3.0.11-1+deb13u4"]
 PLAIN, FIXED, START = ("reload, plain save (before the fix)", "reload, the helper with the configuration",
@@ -131,7 +130,12 @@ def test_a_moved_address_counts_when_the_configuration_gives_an_ip_address() -> 
     six = state.config_servers(config({"s1": 9001}).replace("127.0.0.1:9001", "[fd00::2]:9001"))
     assert six == {("be_a", "s1"): ("fd00::2", "9001")}
     assert state.reconcile(HEADER + line("s1", 9001, addr="fd00::2") + "\n", six)[1] == []
-    assert state.literal("fd00::2") and state.literal("10.0.0.1") and not state.literal("l4-a.example")
+    # HAProxy prints an address as inet_ntop does; the inventory may spell it otherwise: the same address
+    spelled = state.config_servers(config({"s1": 9001}).replace("127.0.0.1:9001", "[fd00:0:0::2]:9001"))
+    assert state.reconcile(HEADER + line("s1", 9001, addr="fd00::2") + "\n", spelled)[1] == []
+    assert state.reconcile(HEADER + line("s1", 9001, addr="fd00::3") + "\n", spelled)[0] == HEADER
+    assert state.reconcile(HEADER + line("s1", 9001, addr="-") + "\n", spelled)[0] == HEADER  # unresolved, then moved
+    assert str(state.ip("fd00:0::2")) == "fd00::2" and state.ip("l4-a.example") is None and state.ip("-") is None
 
 
 def test_lines_haproxy_would_not_apply_are_dropped() -> None:
@@ -299,20 +303,30 @@ def test_the_write_is_atomic_and_leaves_no_temporary_on_failure(tmp_path: Path, 
     assert target.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["server-state"]
 
 
-def test_the_installed_helper_runs_as_a_script_and_never_fails(where: dict[str, str]) -> None:
-    """As haproxy.service runs it: /usr/bin/python3 FILE ARGS, exit 0 whatever happens, its notes on stderr."""
+def test_main_prints_its_notes_on_stderr_and_never_fails(where: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     Path(where["config"]).write_text(config({"s1": 9011}))
     Path(where["file"]).write_text(HEADER + line("s1", 9001) + "\n")
-    done = subprocess.run([sys.executable, str(HELPER), "--reconcile", where["file"], where["config"]],
+    monkeypatch.setattr(sys, "argv", ["d3-haproxy-save-state", "--reconcile", where["file"], where["config"]])
+    assert state.main() == 0
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == f"{where['file']}: be_a/s1: 127.0.0.1:9001 -> 127.0.0.1:9011, dropped (starts as configured)\n"
+    monkeypatch.setattr(sys, "argv", ["d3-haproxy-save-state"])
+    assert state.main() == 0 and capsys.readouterr().err.startswith("usage:")
+
+
+def test_the_installed_helper_runs_as_a_script(where: dict[str, str]) -> None:
+    """As haproxy.service runs it: the role's file (a link to this module), executable, /usr/bin/python3 FILE ARGS."""
+    helper = ROOT / "roles/d3_router/files/d3-haproxy-save-state"
+    assert os.access(helper, os.X_OK) and helper.read_text().startswith("#!/usr/bin/python3\n")
+    Path(where["config"]).write_text(config({"s1": 9011}))
+    Path(where["file"]).write_text(HEADER + line("s1", 9001, admin=8) + "\n")
+    done = subprocess.run([sys.executable, str(helper), "--reconcile", where["file"], where["config"]],
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert (done.returncode, done.stdout) == (0, "")
-    assert done.stderr == f"{where['file']}: be_a/s1: 127.0.0.1:9001 -> 127.0.0.1:9011, dropped (starts as configured)\n"
-    assert Path(where["file"]).read_text() == HEADER
-    bad = subprocess.run([sys.executable, str(HELPER)], capture_output=True, text=True, check=False)
-    assert bad.returncode == 0 and bad.stderr.startswith("usage:")
-    assert os.access(HELPER, os.X_OK) and HELPER.read_text().startswith("#!/usr/bin/python3\n")
-    role_copy = ROOT / "roles/d3_router/files/d3-haproxy-save-state"
-    assert role_copy.resolve() == HELPER.resolve()  # the role installs this very file
+    assert done.stderr.endswith("kept drained, DOWN until its checks pass\n")
+    assert Path(where["file"]).read_text() == HEADER + line("s1", 9011, op=0, admin=8, health=0) + "\n"
 
 
 def test_ask_half_closes_and_reads_to_the_end(where: dict[str, str]) -> None:

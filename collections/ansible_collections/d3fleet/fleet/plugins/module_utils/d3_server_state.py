@@ -70,12 +70,12 @@ def config_servers(text: str) -> dict[tuple[str, str], tuple[str, str]]:
     return out
 
 
-def literal(address: str) -> bool:
+def ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address ``address`` spells (any spelling of it), or None for a host name or ``-``."""
     try:
-        ipaddress.ip_address(address)
+        return ipaddress.ip_address(address)
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def is_state(text: str) -> bool:
@@ -99,7 +99,8 @@ def reconcile(state: str, servers: dict[tuple[str, str], tuple[str, str]]) -> tu
             changes.append(f"{name}: not in the configuration, dropped")
             continue
         address, port = configured
-        if fields[SRV_PORT] == port and (fields[SRV_ADDR] == address or not literal(address)):
+        # a host name in the configuration: the saved address is what libc gave for it, not comparable
+        if fields[SRV_PORT] == port and (ip(address) is None or ip(fields[SRV_ADDR]) == ip(address)):
             out.append(line)
             continue
         moved = f"{name}: {fields[SRV_ADDR]}:{fields[SRV_PORT]} -> {address}:{port}"

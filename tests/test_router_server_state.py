@@ -145,8 +145,9 @@ def test_lines_haproxy_would_not_apply_are_dropped() -> None:
     short = " ".join(line("s1", 9001).split()[:19])
     long = line("s1", 9001) + " 0"
     assert len(long.split()) == 26
-    text, changes = state.reconcile(HEADER + "\n".join([gone, other, short, long, "", "  "]) + "\n", servers)
-    assert text == HEADER
+    good = line("s1", 9001, admin=8)
+    text, changes = state.reconcile(HEADER + "\n".join([gone, other, short, long, "", "  ", good]) + "\n", servers)
+    assert text == HEADER + good + "\n"  # the lines after them are read on
     assert changes == ["be_a/s9: not in the configuration, dropped", "be_b/s1: not in the configuration, dropped"]
     # 20 and 25 fields are both read by HAProxy (the optional ones at the end)
     twenty = " ".join(line("s1", 9001).split()[:20])
@@ -185,8 +186,12 @@ userlist u
 """
     assert state.config_servers(text) == {("be_a", "s1"): ("10.0.0.1", "9001"), ("be_a", "s2"): ("host.example", "9002"),
                                           ("li", "s3"): ("10.0.0.3", "9003")}  # fmt: skip
-    # an indented keyword is not a section
+    # an indented keyword is not a section, however little it is indented
     assert state.config_servers("backend be_a\n    backend x\n    server s1 10.0.0.1:1\n") == {("be_a", "s1"): ("10.0.0.1", "1")}
+    assert state.config_servers("backend be_a\n backend x\n server s1 10.0.0.1:1\n") == {("be_a", "s1"): ("10.0.0.1", "1")}
+    # a comment starts at the first #, spaced or not; a host name is kept as written
+    text = "backend be_a\n    server s1 10.0.0.1:9001#check#x\n    server s2 Xl4-b.example:9002 # a # b\n"
+    assert state.config_servers(text) == {("be_a", "s1"): ("10.0.0.1", "9001"), ("be_a", "s2"): ("Xl4-b.example", "9002")}
 
 
 class StateSocket(OneLineSocket):
@@ -337,3 +342,92 @@ def test_ask_half_closes_and_reads_to_the_end(where: dict[str, str]) -> None:
         fake.close()
     with pytest.raises(OSError):
         state.ask(where["socket"] + ".none", "show servers state", 1)
+
+
+class SilentSocket(OneLineSocket):
+    """Takes the command and never answers nor closes (a HAProxy that hangs)."""
+
+    def serve(self) -> None:
+        held = []
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+
+def test_ask_gives_up_after_its_timeout_and_replaces_bytes_that_are_not_utf_8(where: dict[str, str]) -> None:
+    silent = SilentSocket(where["socket"])
+    silent.thread.start()
+    try:
+        with pytest.raises(OSError):
+            state.ask(where["socket"], "show servers state", 0.3)
+    finally:
+        silent.close()
+    os.unlink(where["socket"])
+    raw = RawSocket(where["socket"], b"1\n\xff")
+    raw.thread.start()
+    try:
+        assert state.ask(where["socket"], "show servers state", 5) == "1\n\ufffd"
+    finally:
+        raw.close()
+
+
+class RawSocket(OneLineSocket):
+    """Answers these bytes to any command."""
+
+    def __init__(self, path: str, data: bytes) -> None:
+        super().__init__(path)
+        self.data = data
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(self.data)
+
+
+def test_read_replaces_bytes_that_are_not_utf_8(tmp_path: Path) -> None:
+    target = tmp_path / "server-state"
+    target.write_bytes(b"1\n\xff\n")
+    assert state.read(str(target)) == "1\n\ufffd\n"
+    assert state.read(str(tmp_path / "none")) is None
+
+
+def test_write_uses_a_temporary_file_of_its_own_beside_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    renames: list[tuple[str, str]] = []
+    real = os.replace
+    monkeypatch.setattr(state.os, "replace", lambda a, b: renames.append((a, b)) or real(a, b))
+    state.write(str(tmp_path / "server-state"), "x\n")
+    (temporary, target), = renames
+    assert target == str(tmp_path / "server-state") and os.path.dirname(temporary) == str(tmp_path)
+    assert os.path.basename(temporary).startswith("server-state.") and temporary != target
+    # a bare file name: beside it, in the working directory
+    monkeypatch.chdir(tmp_path)
+    state.write("other-state", "y\n")
+    assert os.path.dirname(renames[1][0]) == str(tmp_path) and os.path.basename(renames[1][0]).startswith("other-state.")
+    assert (tmp_path / "other-state").read_text() == "y\n"
+
+
+def test_run_asks_haproxy_only_to_save_and_gives_it_ten_seconds(where: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[str, str, float]] = []
+    monkeypatch.setattr(state, "ask", lambda *a: asked.append(a) or HEADER)
+    Path(where["config"]).write_text(config({"s1": 9001}))
+    Path(where["file"]).write_text(HEADER)
+    state.run(["x", "--reconcile", where["file"], where["config"]])
+    assert asked == []  # a start: HAProxy is not running, nothing to ask
+    state.run(["x", where["socket"], where["file"], where["config"]])
+    assert asked == [(where["socket"], "show servers state", 10.0)]
+
+
+def test_a_save_that_cannot_be_written_never_fails(where: dict[str, str]) -> None:
+    fake = served(where["socket"], HEADER + line("s1", 9001) + "\n")
+    try:
+        assert state.run(["x", where["socket"], where["file"] + ".d/none/server-state"]) == []
+    finally:
+        fake.close()

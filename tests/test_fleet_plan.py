@@ -365,7 +365,8 @@ FLEET = {
     "l4-b": host(**SERVE, ansible_host="10.0.0.2", d3_models=[{"model": "d3-mini"}], d3_gpu_count=1),
 }
 ROUTERS = {"router-1": {"ansible_host": "10.0.0.9", "d3_router_port": 8000, "d3_router_metrics_port": 8405,
-                        "d3_router_listen_address": "0.0.0.0", "d3_router_ports": {"d3-mini": 9100}}}  # fmt: skip
+                        "d3_router_health_port": 8406, "d3_router_listen_address": "0.0.0.0",
+                        "d3_router_ports": {"d3-mini": 9100}}}  # fmt: skip
 MONITORS = {"mon-1": {"ansible_host": "10.0.0.8"}}
 
 
@@ -556,13 +557,14 @@ def test_the_monitor_and_router_filters_get_their_role_s_options(monkeypatch: py
                "d3_metrics_rules_file": "/r.yml"}  # fmt: skip
     router = {"ansible_host": "10.0.0.9", "d3_router_ports": {"d3-mini": 9100}, "d3_router_listen_address": "0.0.0.0",
               "d3_router_port": 8001, "d3_router_metrics_port": 8406, "d3_router_metrics_allowed": ["10.0.0.8"],
-              "d3_router_allowed_paths": ["/x"]}  # fmt: skip
+              "d3_router_allowed_paths": ["/x"], "d3_router_health_port": 8407}  # fmt: skip
     plan = fleet_plan(FLEET, CATALOG, COMMON)
     fleet_views(plan, FLEET, ["l4-a", "l4-b"], {"router-1": router}, {"mon-1": monitor})
     (fleet, name, ports, listen, options), = calls["router"]
     assert fleet == router_fleet(FLEET, plan["plans"], ["l4-a", "l4-b"]) and name == "router-1"
     assert ports == {"d3-mini": 9100} and listen == "0.0.0.0"
-    assert options == {"endpoint_port": 8001, "metrics_port": 8406, "metrics_allowed": ["10.0.0.8"], "allowed_paths": ["/x"]}
+    assert options == {"endpoint_port": 8001, "metrics_port": 8406, "health_port": 8407, "metrics_allowed": ["10.0.0.8"],
+                       "allowed_paths": ["/x"]}  # fmt: skip
     (fleet, name, routers, others, options), = calls["scrape"]
     assert name == "mon-1" and routers == {"router-1": {"ansible_host": "10.0.0.9", "metrics_port": 8406}}
     assert others == {"mon-1": {"ansible_host": "10.0.0.8"}}

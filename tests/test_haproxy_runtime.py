@@ -113,10 +113,13 @@ def test_ready_gives_back_drained_down_and_maint_servers_only(haproxy: FakeHAPro
     haproxy.status[("be_d3-mini", "d3-lab-host1-d3-mini")] = ["NOLB"]
     nano, mini = {"backend": "be_d3-nano", "server": "d3-lab-host2-d3-nano"}, {"backend": "be_d3-mini", "server": "d3-lab-host1-d3-mini"}
     out = run_main(capsys, socket=haproxy.path, servers=[LITE2, LITE3, FLASH, nano, mini], state="ready")
-    # each through maintenance, so that HAProxy's slowstart ramps it up (it applies when a server leaves MAINT)
-    assert haproxy.commands[1:] == [f"set server {name} state {step}" for name in (
-        "be_d3-lite/d3-lab-host2-d3-lite", "be_d3-flash/d3-lab-host2-d3-flash", "be_d3-nano/d3-lab-host2-d3-nano")
-        for step in ("maint", "ready")]  # fmt: skip
+    # each through maintenance, so that HAProxy's slowstart ramps it up (it applies when a server leaves MAINT); the
+    # DOWN one straight from DRAIN: leaving MAINT would make it UP 1/2 until its first check fails
+    # (tests/contracts/haproxy/giveback-down.json); it ramps when its checks pass
+    assert haproxy.commands[1:] == [
+        "set server be_d3-lite/d3-lab-host2-d3-lite state maint", "set server be_d3-lite/d3-lab-host2-d3-lite state ready",
+        "set server be_d3-flash/d3-lab-host2-d3-flash state ready",
+        "set server be_d3-nano/d3-lab-host2-d3-nano state maint", "set server be_d3-nano/d3-lab-host2-d3-nano state ready"]  # fmt: skip
     assert out["changed"] is True and len(out["changed_servers"]) == 3 and out["state_saved"] == ""
 
 
@@ -682,3 +685,32 @@ def test_every_worker_after_one_that_left_or_did_not_answer_is_still_counted(hap
                                              wait=True, timeout=5, poll=1.0), False, clock, clock.sleep)  # fmt: skip
             assert out["workers_seen"] == {33: 2}, (twenty_two, out["workers_seen"])
             assert "@!11 show stat" in master.commands and "@!33 show stat" in master.commands
+
+
+GIVEBACK = json.loads((ROOT / "tests/contracts/haproxy/giveback-down.json").read_text())
+
+
+@pytest.mark.parametrize(("status", "steps"), [
+    ("DOWN", ("ready",)), ("DOWN 1/2", ("ready",)), ("DOWN (agent)", ("ready",)),
+    ("DRAIN", ("maint", "ready")), ("DRAIN 1/2", ("maint", "ready")), ("MAINT", ("maint", "ready")),
+    ("MAINT (via be/s)", ("maint", "ready")), ("NOLB", ("maint", "ready")), ("UP 1/2", ("maint", "ready")),
+    ("DOWNX", ("maint", "ready")), ("", ("maint", "ready")),
+])  # fmt: skip
+def test_a_down_server_is_given_back_without_leaving_maintenance(status: str, steps: tuple[str, ...]) -> None:
+    assert d3_haproxy.ready_steps(status) == steps
+
+
+@pytest.mark.parametrize("version", ["2.6.12-1+deb12u4", "3.0.11-1+deb13u4"])
+def test_the_giveback_of_a_down_server_as_both_versions_did_it(version: str) -> None:
+    """tests/contracts/haproxy/giveback-down.json: a drained server whose instance is down, given back through MAINT,
+    was UP 1/2 (slowstart's first step: eligible for new requests) until its first check failed; given back from
+    DRAIN it stayed DOWN; either way, once its instance answered, its checks brought it UP through the slowstart ramp."""
+    runs = GIVEBACK["captures"][version]
+    through, straight = runs["through MAINT (the module before)"], runs["straight from DRAIN"]
+    assert through["drained_and_down"] == straight["drained_and_down"] == "DOWN"
+    assert d3_haproxy.ready_steps(straight["drained_and_down"]) == ("ready",)
+    assert through["after_give_back"][0][1] == "UP 1/2" and through["after_give_back"][-1][1] == "DOWN"
+    assert [status for _, status, _ in straight["after_give_back"]] == ["DOWN"]
+    for run in (through, straight):
+        ramp = [int(t) for _, status, t in run["instance_started"] if status == "UP" and t]
+        assert ramp[0] < 20 and ramp[-1] > 80 and ramp == sorted(ramp)  # slowstart's throttle, rising

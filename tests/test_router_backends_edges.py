@@ -27,7 +27,7 @@ def served(out: dict[str, Any]) -> dict[str, list[tuple[str, str, int]]]:
 
 def test_input_that_is_not_a_mapping_is_refused_with_empty_models_and_servers() -> None:
     out = router_backends(["l4-a"], "router")
-    assert out == {"models": [], "servers": {}, "endpoint": {}, "metrics": {}, "client_ports": [],
+    assert out == {"models": [], "servers": {}, "endpoint": {}, "metrics": {}, "health": {}, "client_ports": [],
                    "errors": ["fleet hosts: expected a mapping of host to plan, got ['l4-a']"]}
 
 

@@ -5,7 +5,7 @@ escapes in keys, so the router must route by the one top-level "model" vLLM will
 Run in Lua 5.3 (Debian 12's HAProxy 2.6 links liblua5.3) and 5.4 (Debian 13's HAProxy 3.0) through lupa, with a stand-in
 for the two parts of HAProxy's Lua API the action uses (doc/lua-api/index.rst: core.register_action; TXN.f:req_body()
 and TXN:set_var()). The real HAProxy runs it in the lab (tests/lab/test_router.py) and ran it on loopback
-(tests/contracts/haproxy/loopback-2.6.12-3.0.11.json)."""
+(tests/contracts/haproxy/loopback-2.6.12-3.0.11.json; the encodings, tests/contracts/haproxy/body-encodings.json)."""
 
 from __future__ import annotations
 
@@ -26,24 +26,26 @@ class Reader:
     """The action as HAProxy registers it, in one Lua runtime."""
 
     def __init__(self, runtime: Any) -> None:
-        self.lua = runtime.LuaRuntime(unpack_returned_tuples=True)
-        self.actions: dict[str, Any] = {}
-        core = self.lua.table_from({"register_action": self._register})
-        self.lua.globals().core = core
-        self.lua.execute(SCRIPT)
+        # encoding None: Lua's strings reach Python as the bytes they are (a model may hold an encoded lone surrogate)
+        self.lua = runtime.LuaRuntime(unpack_returned_tuples=True, encoding=None)
+        self.actions: dict[bytes, Any] = {}
+        core = self.lua.table_from({b"register_action": self._register})
+        self.lua.globals()[b"core"] = core
+        self.lua.execute(SCRIPT.encode())
 
-    def _register(self, name: str, kinds: Any, func: Any, nargs: int) -> None:
-        assert list(kinds.values()) == ["http-req"] and nargs == 0
+    def _register(self, name: bytes, kinds: Any, func: Any, nargs: int) -> None:
+        assert list(kinds.values()) == [b"http-req"] and nargs == 0
         self.actions[name] = func
 
     def read(self, body: bytes) -> tuple[str, str | None]:
-        found: dict[str, str] = {}
-        fetches = self.lua.table_from({"req_body": lambda _self: body})
-        txn = self.lua.table_from({"f": fetches, "set_var": lambda _self, name, value: found.__setitem__(name, value)})
-        self.actions["d3_read_model"](txn)
-        assert set(found) <= {"txn.d3_body", "txn.d3_model"}
-        model = found.get("txn.d3_model")
-        return found["txn.d3_body"], model.decode() if isinstance(model, bytes) else model
+        found: dict[bytes, bytes] = {}
+        fetches = self.lua.table_from({b"req_body": lambda _self: body})
+        txn = self.lua.table_from({b"f": fetches, b"set_var": lambda _self, name, value: found.__setitem__(name, value)})
+        self.actions[b"d3_read_model"](txn)
+        assert set(found) <= {b"txn.d3_body", b"txn.d3_model"}
+        model = found.get(b"txn.d3_model")
+        # HAProxy compares the variable's bytes with the served names' UTF-8; lone surrogates as 'surrogatepass'
+        return found[b"txn.d3_body"].decode(), None if model is None else model.decode("utf-8", "surrogatepass")
 
 
 @pytest.fixture(scope="module", params=sorted(RUNTIMES))
@@ -100,10 +102,48 @@ CASES = {
     b'{"model": "d3-lite", "a": {"b": 1}': ("not_json", None),
     b'{"model": "d3-lite", "a": "open}': ("not_json", None),
     b'{"a": [1, "x': ("not_json", None),
+    # the review of 2026-12-04: what Python's json.loads(bytes) accepts and the reader refused. DEL (0x7f) is no JSON
+    # control character (those are U+0000-U+001F); a UTF-8 byte-order mark is dropped ('utf-8-sig'); UTF-16 and
+    # UTF-32, with or without a byte-order mark, are decoded (json.detect_encoding)
+    b'{"model": "d3-lite", "note": "a\x7fb"}': ("ok", "d3-lite"),
+    b'{"model": "d3-\x7flite"}': ("ok", "d3-\x7flite"),
+    b'{"mod\x7fel": "d3-lite", "model": "d3-mini"}': ("ok", "d3-mini"),
+    b'\xef\xbb\xbf{"model": "d3-lite"}': ("ok", "d3-lite"),
+    b'\xef\xbb\xbf\xef\xbb\xbf{"model": "d3-lite"}': ("not_json", None),  # only one mark is dropped
+    b' \xef\xbb\xbf{"model": "d3-lite"}': ("not_json", None),
+    '{"model": "d3-lite", "s": "\u00fc"}'.encode("utf-16"): ("ok", "d3-lite"),
+    '{"model": "d3-lite"}'.encode("utf-16-le"): ("ok", "d3-lite"),
+    '{"model": "d3-lite"}'.encode("utf-16-be"): ("ok", "d3-lite"),
+    '{"model": "d3-lite"}'.encode("utf-32"): ("ok", "d3-lite"),
+    '{"model": "d3-lite"}'.encode("utf-32-le"): ("ok", "d3-lite"),
+    '{"model": "d3-lite"}'.encode("utf-32-be"): ("ok", "d3-lite"),
+    '{"model": "d3-lite", "model": "x"}'.encode("utf-16"): ("duplicate_model", None),
+    '{"model": "d3-\U0001f600"}'.encode("utf-16-le"): ("ok", "d3-\U0001f600"),
+    '{"model": "d3-lite"}'.encode("utf-16")[:-1]: ("not_json", None),  # a truncated unit does not decode
+    '{"model": "d3-lite"}'.encode("utf-32")[:-2]: ("not_json", None),
+    b"\xff\xfe\x00\x00" + b"\x00\x00\x11\x00": ("not_json", None),  # UTF-32 past U+10FFFF
+    # an escaped surrogate pair is one character, a lone surrogate stays one
+    b'{"model": "d3-\\ud83d\\ude00"}': ("ok", "d3-\U0001f600"),
+    b'{"model": "d3-\\ud83d"}': ("ok", "d3-\ud83d"),
+    b'{"model": "d3-\\ud83dx"}': ("ok", "d3-\ud83dx"),
+    b'{"model": "d3-\\ud83d\\u0041"}': ("ok", "d3-\ud83dA"),
+    b'{"model": "d3-\\ude00\\ud83d"}': ("ok", "d3-\ude00\ud83d"),
+    b'{"model": "d3-\\ud83d\\uzzzz"}': ("not_json", None),
+    # bytes that are not UTF-8 do not decode; encoded surrogates do ('surrogatepass')
+    b'{"model": "d3-lite", "s": "\xff"}': ("not_json", None),
+    b'{"model": "d3-lite", "s": "\xc0\x80"}': ("not_json", None),
+    b'{"model": "d3-lite", "s": "\xf4\x90\x80\x80"}': ("not_json", None),
+    b'{"model": "d3-lite", "s": "\xf5\x80\x80\x80"}': ("not_json", None),
+    b'{"model": "d3-lite", "s": "\xe2\x82"}': ("not_json", None),
+    b'{"model": "d3-lite", "s": "\xf4\x8f\xbf\xbf"}': ("ok", "d3-lite"),
+    b'{"model": "d3-\xed\xa0\x80"}': ("ok", "d3-\ud800"),
+    # two bytes: UTF-16 when one is zero
+    b"{\x00": ("not_json", None),
+    b"\x00{": ("not_json", None),
 }
 
 
-@pytest.mark.parametrize("body", list(CASES), ids=[repr(b)[:40] for b in CASES])
+@pytest.mark.parametrize("body", list(CASES), ids=[repr(b)[:60] for b in CASES])
 def test_the_reader_concludes_what_vllm_would_read(reader: Reader, body: bytes) -> None:
     assert reader.read(body) == CASES[body]
     # and the cases say what Python's json, as vLLM, makes of each body
@@ -144,3 +184,45 @@ def test_a_large_body_is_read_in_one_pass(reader: Reader) -> None:
     """256 KiB of question input (d3_router_max_request_kib's default) with the model last."""
     body = json.dumps({"state": {"ticket": "x" * 262_000, "notes": ["{[" * 50]}, "model": "d3-lite"}).encode()
     assert reader.read(body) == ("ok", "d3-lite")
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"])
+def test_every_encoding_pythons_json_detects_reads_as_its_utf_8(reader: Reader, encoding: str) -> None:
+    """The same generated bodies, in each encoding json.detect_encoding tells apart (vLLM reads them all): the reader
+    concludes what Python's json concludes, and the model it routes by is the one vLLM reads."""
+    rng = random.Random(7)
+    names = ["d3-lite", "d3-\u00fc", "d3-\U0001f600", "d\x7f3", "model"]
+    for _ in range(60):
+        items = [(rng.choice(["model", "state", "x"]), rng.choice([*names, 7, None, {"model": "y"}])) for _ in range(rng.randint(0, 3))]
+        text = "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=rng.random() < 0.5)}" for k, v in items) + "}"
+        body = text.encode(encoding, "surrogatepass")
+        expected = vllm_reads(body)
+        assert reader.read(body) == expected, (encoding, body)
+        assert expected == vllm_reads(text.encode())  # the encoding changes nothing for vLLM
+
+
+ENCODINGS = json.loads((ROOT / "tests/contracts/haproxy/body-encodings.json").read_text())
+
+
+@pytest.mark.parametrize("case", sorted(ENCODINGS["bodies_hex"]))
+def test_what_the_real_haproxy_read_is_what_python_reads_and_what_this_reader_reads(reader: Reader, case: str) -> None:
+    """tests/contracts/haproxy/body-encodings.json: the reader inside Debian's 2.6.12 (Lua 5.3) and 3.0.11 (Lua 5.4)
+    concluded what Python's json.loads(bytes) concludes; so does this file's reader here, for the same bytes."""
+    body = bytes.fromhex(ENCODINGS["bodies_hex"][case])
+    verdict, model = ENCODINGS["python"][case]
+    assert list(vllm_reads(body)) == [verdict, None if model is None else bytes.fromhex(model).decode("utf-8", "surrogatepass")]
+    for version in ("2.6.12-1+deb12u4", "3.0.11-1+deb13u4"):
+        assert ENCODINGS["after"][version][case] == [verdict, model]
+    got = reader.read(body)
+    assert [got[0], None if got[1] is None else got[1].encode("utf-8", "surrogatepass").hex()] == [verdict, model]
+
+
+def test_the_reader_before_the_fix_refused_what_vllm_reads() -> None:
+    """The captures of the reader before 2026-12-04 on both versions: DEL, a byte-order mark and UTF-16/32 refused
+    (400 where vLLM answers), bytes that are not UTF-8 taken, an escaped surrogate pair as two characters."""
+    for version in ("2.6.12-1+deb12u4", "3.0.11-1+deb13u4"):
+        before = ENCODINGS["before"][version]
+        for case in ("DEL in a string value", "DEL in the model", "UTF-8 byte-order mark", "UTF-16 with its mark", "UTF-32 with its mark"):
+            assert before[case] == ["not_json", None] and ENCODINGS["python"][case][0] == "ok"
+        assert before["not UTF-8"][0] == "ok" and ENCODINGS["python"]["not UTF-8"][0] == "not_json"
+        assert before["escaped surrogate pair"] != ENCODINGS["python"]["escaped surrogate pair"]

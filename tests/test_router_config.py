@@ -125,11 +125,20 @@ def test_one_fleet_endpoint_routing_by_model_and_a_frontend_only_where_a_port_is
     assert cfg["frontend fe_d3-mini"] == ["bind 0.0.0.0:9100 proto h1", "maxconn 512", *PATH_ACLS,
                                           "http-request deny deny_status 404 if !d3_path", "default_backend be_d3-mini"]  # fmt: skip
     assert [s for s in cfg if s.startswith(("frontend", "backend"))] == [
-        "frontend fe_fleet", "frontend fe_metrics", "backend be_d3-flash", "frontend fe_d3-mini", "backend be_d3-mini"]  # fmt: skip
-    # the exporter: loopback only by default, its own port
+        "frontend fe_fleet", "frontend fe_health", "frontend fe_metrics", "backend be_d3-flash", "frontend fe_d3-mini",
+        "backend be_d3-mini"]  # fmt: skip
+    # the exporter: loopback only by default, its own port, the global maxconn's 64 spare connections
     assert cfg["frontend fe_metrics"] == [
-        "bind 0.0.0.0:8405 proto h1", "no log", "acl d3_metrics_client src 127.0.0.0/8 ::1", "http-request deny if !d3_metrics_client",
-        "http-request use-service prometheus-exporter if { path /metrics }", "http-request deny deny_status 404"]  # fmt: skip
+        "bind 0.0.0.0:8405 proto h1", "maxconn 64", "no log", "acl d3_metrics_client src 127.0.0.0/8 ::1",
+        "http-request deny if !d3_metrics_client", "http-request use-service prometheus-exporter if { path /metrics }",
+        "http-request deny deny_status 404"]  # fmt: skip
+    # keepalived's check: /health on 127.0.0.1 only (whatever d3_router_listen_address), plain, 16 connections of its
+    # own; the same answer as the endpoint's /health, nothing else
+    assert cfg["frontend fe_health"] == [
+        "bind 127.0.0.1:8406 proto h1", "maxconn 16", "no log",
+        "http-request return status 200 if { path /health } { nbsrv(be_d3-flash) ge 1 }",
+        "http-request return status 200 if { path /health } { nbsrv(be_d3-mini) ge 1 }",
+        "http-request return status 503 if { path /health }", "http-request deny deny_status 404"]  # fmt: skip
 
 
 def test_backends_hold_every_replica_with_health_checks(rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
@@ -141,6 +150,14 @@ def test_backends_hold_every_replica_with_health_checks(rendered: tuple[str, dic
     assert cfg["backend be_d3-flash"] == [*head, f"server l4-a-d3-flash 10.0.0.11:{port['l4-a']['d3-flash']} maxconn 256",
                                           f"server l4-b-d3-flash l4-b.internal.example:{port['l4-b']['d3-flash']} maxconn 256"]  # fmt: skip
     assert cfg["backend be_d3-mini"] == [*head, f"server l4-a-d3-mini 10.0.0.11:{port['l4-a']['d3-mini']} maxconn 256"]
+    # the state-file helper reads the rendered file's servers and ports (plugins/module_utils/d3_server_state.py)
+    sys.path.insert(0, str(ROOT / "collections"))
+    from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_server_state import config_servers
+
+    assert config_servers(text) == {
+        ("be_d3-flash", "l4-a-d3-flash"): ("10.0.0.11", str(port["l4-a"]["d3-flash"])),
+        ("be_d3-flash", "l4-b-d3-flash"): ("l4-b.internal.example", str(port["l4-b"]["d3-flash"])),
+        ("be_d3-mini", "l4-a-d3-mini"): ("10.0.0.11", str(port["l4-a"]["d3-mini"]))}  # fmt: skip
 
 
 def test_timeouts_retries_state_file_and_the_runtime_api(rendered: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
@@ -152,10 +169,13 @@ def test_timeouts_retries_state_file_and_the_runtime_api(rendered: tuple[str, di
             "server-state-file /var/lib/haproxy/server-state", "tune.bufsize 295936", "tune.maxrewrite 1024",
             "lua-load /etc/haproxy/d3-router/d3-router.lua"} <= set(cfg["global"])  # fmt: skip
     # sized from the plan: d3-flash 2 x 256, d3-mini 256: capacity 768; the endpoint twice that, d3-mini's own port
-    # twice its 256, and 64 spare (docs/router.md "Connections and memory")
-    assert "maxconn 2112" in cfg["global"]
+    # twice its 256, the health frontend's 16 and the exporter's 64 (docs/router.md "Connections and memory")
+    assert "maxconn 2128" in cfg["global"]
     limits = rendered[1]["view"]["limits"]
-    assert (limits["capacity"], limits["fleet_maxconn"], limits["global_maxconn"], limits["memory_mib"]) == (768, 1536, 2112, 1193)
+    assert (limits["capacity"], limits["fleet_maxconn"], limits["global_maxconn"], limits["memory_mib"]) == (768, 1536, 2128, 1202)
+    # every frontend's maxconn fits in the global one: no frontend's clients take another's connections
+    frontends = [line for name, lines in cfg.items() if name.startswith("frontend") for line in lines if line.startswith("maxconn ")]
+    assert len(frontends) == 4 and sum(int(line.split()[1]) for line in frontends) == 2128
     assert not any("ssl" in line for lines in cfg.values() for line in lines)  # no TLS unless a certificate is given
     # no secret and no header rewriting: the clients' Authorization header passes through untouched, nothing captured
     secretish = r"(?i)authorization|bearer|api[_-]?key|http-request (set|del)-header|capture (request|response)"
@@ -178,6 +198,7 @@ def test_tls_on_every_client_port_and_adding_a_model_changes_no_other(
     assert cfg["frontend fe_fleet"][0] == "bind 0.0.0.0:8000 ssl crt /etc/haproxy/d3-router/tls.pem alpn http/1.1 proto h1"
     assert cfg["frontend fe_d3-mini"][0] == "bind 0.0.0.0:9100 ssl crt /etc/haproxy/d3-router/tls.pem alpn http/1.1 proto h1"
     assert cfg["frontend fe_metrics"][0] == "bind 0.0.0.0:8405 proto h1"
+    assert cfg["frontend fe_health"][0] == "bind 127.0.0.1:8406 proto h1"  # plain: loopback only, for keepalived
     # HTTP/1.1 only on every bind, as checked on both HAProxy versions (tests/contracts/haproxy/http1-only.yml)
     http1 = yaml.safe_load((ROOT / "tests/contracts/haproxy/http1-only.yml").read_text())["bind_options"]
     binds = [line for conf in (cfg, before) for lines in conf.values() for line in lines if line.startswith("bind ")]

@@ -134,7 +134,8 @@ def test_the_exporter_s_clients_and_every_port_of_the_router_are_checked() -> No
     assert out["metrics"]["allowed"] == []
     assert router_backends(fleet, "router", options={"metrics_allowed": "10.0.0.0/8"})["errors"] == [
         "d3_router_metrics_allowed = '10.0.0.0/8' is not a list of IP addresses or networks. Fix the inventory."]
-    for key, var in (("endpoint_port", "d3_router_port"), ("metrics_port", "d3_router_metrics_port")):
+    for key, var in (("endpoint_port", "d3_router_port"), ("metrics_port", "d3_router_metrics_port"),
+                     ("health_port", "d3_router_health_port")):  # fmt: skip
         for bad in (0, 65536, "8000", True, None):
             assert router_backends(fleet, "router", options={key: bad})["errors"] == [
                 f"{var} = {bad!r} is not a TCP port (1-65535). Fix the inventory."], (key, bad)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from d3_router import BODY_ERRORS, key_hashes, limits, router_backends
+from d3_router import BODY_ERRORS, HEALTH_MAXCONN, SPARE_CONNECTIONS, key_hashes, limits, router_backends
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,15 +35,16 @@ def test_connections_and_buffers_come_from_the_plan() -> None:
     assert (models["a"]["capacity"], models["a"]["maxconn"], models["b"]["capacity"], models["b"]["maxconn"]) == (96, None, 256, 512)
     got = out["limits"]
     assert got["capacity"] == 352 and got["fleet_maxconn"] == 704
-    assert got["global_maxconn"] == 704 + 512 + 64 and got["spare"] == 64
+    # the health frontend's 16 (keepalived's check) and the exporter's 64 on top of the frontends'
+    assert got["global_maxconn"] == 704 + 512 + 16 + 64 and got["spare"] == 64 and got["health_maxconn"] == 16
     assert got["bufsize"] == 256 * 1024 + 32 * 1024 + 1024 and got["max_body"] == 262144 and got["maxrewrite"] == 1024
-    # two buffers per connection at most, rounded up to whole MiB: 1280 x 2 x 295936 B = 722.5 MiB
-    assert got["memory_mib"] == 723 and got["header_kib"] == 32
+    # two buffers per connection at most, rounded up to whole MiB: 1296 x 2 x 295936 B = 731.6 MiB
+    assert got["memory_mib"] == 732 and got["header_kib"] == 32
 
 
 def test_the_endpoint_connections_can_be_chosen_and_the_body_size_changes_the_buffer() -> None:
     got = fleet(maxconn=300, max_request_kib=16)["limits"]
-    assert (got["fleet_maxconn"], got["global_maxconn"], got["bufsize"]) == (300, 300 + 512 + 64, 16 * 1024 + 32 * 1024 + 1024)
+    assert (got["fleet_maxconn"], got["global_maxconn"], got["bufsize"]) == (300, 300 + 512 + 16 + 64, 16 * 1024 + 32 * 1024 + 1024)
     # text from -e is whole numbers too
     assert fleet(maxconn="300", max_request_kib="16")["limits"] == got
 
@@ -70,7 +71,7 @@ def test_limits_at_their_bounds_pass(option: str, value: int) -> None:
 
 
 def test_a_fleet_without_capacity_still_gets_one_connection() -> None:
-    assert limits([], 256)["fleet_maxconn"] == 1 and limits([], 256)["global_maxconn"] == 65
+    assert limits([], 256)["fleet_maxconn"] == 1 and limits([], 256)["global_maxconn"] == 1 + 16 + 64
 
 
 def test_tls_is_mozilla_s_intermediate_profile() -> None:
@@ -125,3 +126,50 @@ def test_a_key_that_is_no_bearer_token_is_refused_by_position_never_shown(bad: A
 def test_keys_that_are_not_a_list_are_refused() -> None:
     assert key_hashes("one-key-0123456789") == {"hashes": [], "file": "", "errors": [
         "d3_router_api_keys is not a list of keys. Fix the inventory (Ansible Vault)."]}  # fmt: skip
+
+
+def test_keepalived_checks_a_health_frontend_of_its_own() -> None:
+    """GET /health for keepalived's check on 127.0.0.1:d3_router_health_port, with a maxconn of its own that the global
+    one leaves room for: clients holding every connection of the fleet endpoint cannot make the check fail."""
+    out = fleet()
+    assert out["errors"] == [] and out["health"] == {"port": 8406, "maxconn": 16}
+    assert 8406 not in out["client_ports"]  # loopback only: nothing for the firewall to open
+    got = out["limits"]
+    others = got["fleet_maxconn"] + sum(m["maxconn"] for m in out["models"] if m["maxconn"]) + got["spare"]
+    assert got["global_maxconn"] - others == out["health"]["maxconn"]
+    assert fleet(health_port=9406)["health"]["port"] == 9406
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (0, "d3_router_health_port = 0 is not a TCP port (1-65535). Fix the inventory."),
+    (65536, "d3_router_health_port = 65536 is not a TCP port"),
+    ("x", "d3_router_health_port = 'x' is not a TCP port"),
+    (True, "d3_router_health_port = True is not a TCP port"),
+    (8000, "d3_router_health_port 8000 is also d3_router_port. Give each its own port."),
+    (8405, "d3_router_health_port 8405 is also d3_router_metrics_port. Give each its own port."),
+    (9100, "model b: its router port 9100 (d3_router_ports['b']) is also that of d3_router_health_port."),
+])  # fmt: skip
+def test_a_health_port_that_cannot_be_is_refused_naming_the_variable(value: Any, text: str) -> None:
+    errors = fleet(health_port=value)["errors"]
+    assert len(errors) == 1 and errors[0].startswith(text), errors
+
+
+def test_the_health_port_may_not_be_an_instance_port_on_the_router_host() -> None:
+    hosts = {"router": {"plan": {"instances": [inst("a", 8406, 64)]}, "ansible_host": "10.0.0.11", "api_key": True}}
+    errors = router_backends(hosts, "router", {}, "0.0.0.0", {})["errors"]
+    assert errors == ["d3_router_health_port 8406 is also the port of instance a on the router host router. Choose another."]
+
+
+def test_the_check_passes_through_the_health_frontend_with_the_endpoint_full_on_both_versions() -> None:
+    """tests/contracts/haproxy/health-frontend.json: Debian's 2.6.12 and 3.0.11 with the fleet endpoint's maxconn held
+    by idle keep-alive clients: keepalived's check fails on the endpoint's /health, passes on the health frontend."""
+    contract = json.loads((ROOT / "tests/contracts/haproxy/health-frontend.json").read_text())
+    limits_used = contract["limits"]
+    assert limits_used["health_maxconn"] == HEALTH_MAXCONN and limits_used["exporter_maxconn"] == SPARE_CONNECTIONS
+    assert limits_used["global_maxconn"] == limits_used["fleet_maxconn"] + HEALTH_MAXCONN + SPARE_CONNECTIONS
+    assert sorted(contract["captures"]) == ["2.6.12-1+deb12u4", "3.0.11-1+deb13u4"]
+    for got in contract["captures"].values():
+        assert got["held_keepalive_connections"] == ["HTTP/1.1 200 OK"] * limits_used["fleet_maxconn"]
+        assert got["endpoint_full"]["endpoint"]["exit"] == 1 and got["endpoint_full"]["health_frontend"]["exit"] == 0
+        assert got["endpoint_and_exporter_full"]["health_frontend"]["exit"] == 0
+        assert got["idle"]["endpoint"]["exit"] == got["released"]["endpoint"]["exit"] == 0

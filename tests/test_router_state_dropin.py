@@ -1,6 +1,8 @@
 """roles/d3_router's drop-in for haproxy.service (templates/d3-server-state.conf.j2), rendered with Jinja2 as the
 role's template task renders it: every reload, restart and stop saves the servers' state first (the helper
-files/d3-haproxy-save-state), so an operator's `systemctl reload haproxy` keeps the drains as the role's reload does.
+files/d3-haproxy-save-state, plugins/module_utils/d3_server_state.py), made to agree with the configuration the next
+worker loads, and every start makes the saved file agree with it, so an operator's `systemctl reload haproxy` keeps
+the drains as the role's reload does and a moved port is reached (tests/test_router_server_state.py).
 The package's own reload lines come back unchanged after the save: checked against upstream's unit
 (tests/contracts/haproxy/haproxy.service.in, @SBINDIR@ = /usr/sbin as on Debian)."""
 
@@ -34,7 +36,7 @@ def upstream(key: str) -> list[str]:
 
 def test_every_reload_saves_the_state_first_then_runs_the_packages_own_reload() -> None:
     v = role_vars()
-    save = f"{v['_d3_router_save_state']} {v['d3_router_stats_socket']} {v['_d3_router_state_file']}"
+    save = f"{v['_d3_router_save_state']} {v['d3_router_stats_socket']} {v['_d3_router_state_file']} $CONFIG"
     lines = render()
     assert lines[0] == "[Service]"
     reload = [line for line in lines if line.startswith("ExecReload=")]
@@ -44,16 +46,22 @@ def test_every_reload_saves_the_state_first_then_runs_the_packages_own_reload() 
     # a restart or stop saves too; the package has no ExecStop= of its own to keep
     assert [line for line in lines if line.startswith("ExecStop=")] == [f"ExecStop={save}"]
     assert upstream("ExecStop") == []
-    assert len(lines) == 1 + 4 + 1  # nothing else is overridden
+    # a start makes the saved file agree with the configuration, after the package's own check of it (a drop-in's
+    # ExecStartPre= is added after the package's), with the same $CONFIG the package's lines read
+    assert [line for line in lines if line.startswith("ExecStartPre=")] == [
+        f"ExecStartPre={v['_d3_router_save_state']} --reconcile {v['_d3_router_state_file']} $CONFIG"]
+    assert upstream("ExecStartPre") == ["ExecStartPre=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS"]
+    assert 'Environment="CONFIG=/etc/haproxy/haproxy.cfg"' in CONTRACT.read_text()
+    assert len(lines) == 1 + 4 + 1 + 1  # nothing else is overridden
 
 
 def test_the_socket_and_the_file_are_the_roles_and_the_helper_is_the_role_file() -> None:
     lines = render(d3_router_stats_socket="/run/other/admin.sock")
-    assert "ExecStop=/usr/local/libexec/d3-fleet/d3-haproxy-save-state /run/other/admin.sock /var/lib/haproxy/server-state" in lines
-    helper = (ROLE / "files/d3-haproxy-save-state").read_text()
-    # the helper saves only HAProxy's answer (format version 1 first), through a temporary file of its own, and keeps the
-    # last file when HAProxy cannot answer (gone before the stop command: the review of 2026-12-04)
-    assert "show servers state" in helper and '= "1" ]' in helper and 'rm -f "$tmp"\n' in helper and 'mktemp "$file.XXXXXX"' in helper
-    assert helper.rstrip().endswith("exit 0")  # a failed save never blocks the reload
+    assert ("ExecStop=/usr/local/libexec/d3-fleet/d3-haproxy-save-state /run/other/admin.sock /var/lib/haproxy/server-state"
+            " $CONFIG") in lines  # fmt: skip
+    # the helper is the collection's Python (tested in tests/test_router_server_state.py), installed from the role
+    helper = ROLE / "files/d3-haproxy-save-state"
+    assert helper.is_symlink() and helper.resolve() == (ROOT / "collections/ansible_collections/d3fleet/fleet/plugins/"
+                                                        "module_utils/d3_server_state.py").resolve()  # fmt: skip
     config = (ROLE / "templates/haproxy.cfg.j2").read_text()
     assert "server-state-file {{ _d3_router_state_file }}" in config and "load-server-state-from-file global" in config

@@ -161,10 +161,12 @@ def test_a_host_that_is_no_router() -> None:
 
 
 def render(plan: dict[str, Any], **over: Any) -> str:
+    role_vars = yaml.safe_load((ROLE / "vars/main.yml").read_text())
     values = {**yaml.safe_load((ROLE / "defaults/main.yml").read_text()), "ansible_managed": "Ansible managed",
               "inventory_hostname": "d3 router/1", "_d3_router_vrrp": plan, "d3_router_vrrp_password": "s3cret",
               "_d3_router_check_script": "/usr/local/libexec/d3-fleet/d3-router-check",
-              "_d3_router_check_url": "http://127.0.0.1:8000/health", **over}  # fmt: skip
+              "_d3_router_health_url": jinja2.Template(role_vars["_d3_router_health_url"]).render(d3_router_health_port=8406),
+              **over}  # fmt: skip
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["regex_replace"] = lambda value, pattern, repl: re.sub(pattern, repl, value)
     return env.from_string((ROLE / "templates/keepalived.conf.j2").read_text()).render(**values)
@@ -207,7 +209,8 @@ def test_the_configuration_uses_the_manuals_keywords_and_the_plan() -> None:
     # weight 0 (FAULT on the check's failures): the manual's default
     assert not any("weight" in line for lines in found.values() for line in lines)
     script = found["vrrp_script"]
-    assert script[0] == 'script "/usr/local/libexec/d3-fleet/d3-router-check http://127.0.0.1:8000/health 2"'
+    # the health frontend (loopback, a maxconn of its own), not the fleet endpoint its clients can fill
+    assert script[0] == 'script "/usr/local/libexec/d3-fleet/d3-router-check http://127.0.0.1:8406/health 2"'
     assert "router_id d3_router_1" in found["global_defs"]
     assert "script_user nobody nogroup" in found["global_defs"] and "enable_script_security" in found["global_defs"]
     assert text.count("{") == text.count("}")

@@ -56,7 +56,7 @@ VIEW_VARS = (
 FIREWALL_VARS = ("d3_firewall_enabled", "d3_firewall_ports", "d3_firewall_allowed_clients", "d3_firewall_monitors",
                  "d3_firewall_monitor_ports")  # fmt: skip
 ROUTER_VARS = ("ansible_host", "d3_router_ports", "d3_router_listen_address", "d3_router_port", "d3_router_metrics_port",
-               "d3_router_metrics_allowed", "d3_router_allowed_paths")  # fmt: skip
+               "d3_router_health_port", "d3_router_metrics_allowed", "d3_router_allowed_paths")  # fmt: skip
 MONITOR_VARS = ("ansible_host", "d3_metrics_scrape_interval", "d3_metrics_evaluation_interval",
                 "d3_metrics_node_exporter_port", "d3_metrics_alertmanager", "d3_metrics_rules_file")  # fmt: skip
 # playbooks/rollout.yml's defaults when the inventory sets none
@@ -500,7 +500,8 @@ def fleet_views(
     for router, rv in sorted((routers or {}).items()):
         view = router_backends(fleet, router, rv.get("d3_router_ports"), rv.get("d3_router_listen_address"), {
             "endpoint_port": rv.get("d3_router_port"), "metrics_port": rv.get("d3_router_metrics_port"),
-            "metrics_allowed": rv.get("d3_router_metrics_allowed"), "allowed_paths": rv.get("d3_router_allowed_paths")})  # fmt: skip
+            "health_port": rv.get("d3_router_health_port"), "metrics_allowed": rv.get("d3_router_metrics_allowed"),
+            "allowed_paths": rv.get("d3_router_allowed_paths")})  # fmt: skip
         if view["errors"]:
             problems[router] = [f"{router}: the router cannot be configured:", *view["errors"]]
         else:

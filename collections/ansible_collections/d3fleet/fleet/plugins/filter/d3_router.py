@@ -68,6 +68,9 @@ HEADER_KIB = 32
 MAXREWRITE = 1024
 # connections beyond the frontends' for the exporter's scrapes and an upstream balancer's /health checks
 SPARE_CONNECTIONS = 64
+# the health frontend's connections (loopback only; keepalived's check every second, 2 s timeout, and the role's own
+# checks): its own maxconn, counted into the global one, so the fleet endpoint's clients can never take them
+HEALTH_MAXCONN = 16
 # Mozilla's server-side TLS guidelines 6.0, "intermediate" (mozilla/ssl-config-generator
 # src/static/guidelines/6.0.json, commit 8debe30faad8a27a3ba95954035c5d9cdd7a5066;
 # tests/contracts/haproxy/mozilla-intermediate-6.0.json): its OpenSSL ciphers (TLS 1.2), ciphersuites (TLS 1.3) and
@@ -131,7 +134,8 @@ def _options(options: Any, errors: list[str]) -> dict[str, Any]:
     """The fleet endpoint's, the exporter's and the paths' settings, checked (errors name the variable)."""
     options = options if isinstance(options, dict) else {}
     out: dict[str, Any] = {}
-    for key, var, default in (("endpoint_port", "d3_router_port", 8000), ("metrics_port", "d3_router_metrics_port", 8405)):
+    for key, var, default in (("endpoint_port", "d3_router_port", 8000), ("metrics_port", "d3_router_metrics_port", 8405),
+                              ("health_port", "d3_router_health_port", 8406)):  # fmt: skip
         value = options.get(key, default)
         if not _port_ok(value):
             errors.append(f"{var} = {shown(value)} is not a TCP port (1-65535). Fix the inventory.")
@@ -187,12 +191,12 @@ def router_backends(
     host adds to every instance port, default 0; ``plan`` is the host's ``d3_host_plan`` or None when this run did not
     plan it; ``api_key``: whether the host has ``d3_units_api_key``, never the key). ``listen_address``: where the
     router listens (None: no router listens, e.g. the rollout's or the monitor's view; no key rule). ``options``: ``endpoint_port``,
-    ``metrics_port``, ``metrics_allowed``, ``allowed_paths``. Returns ``{models, servers, endpoint, metrics,
-    client_ports, errors}``."""
+    ``metrics_port``, ``health_port``, ``metrics_allowed``, ``allowed_paths``. Returns ``{models, servers, endpoint,
+    metrics, health, client_ports, errors}``."""
     errors: list[str] = []
     ports = {} if ports is None else ports
     if not isinstance(_input, dict):
-        return {"models": [], "servers": {}, "endpoint": {}, "metrics": {}, "client_ports": [],
+        return {"models": [], "servers": {}, "endpoint": {}, "metrics": {}, "health": {}, "client_ports": [],
                 "errors": [f"fleet hosts: expected a mapping of host to plan, got {shown(_input)}"]}  # fmt: skip
     if not isinstance(ports, dict):
         errors.append(f"d3_router_ports = {shown(ports)} is not a mapping of model or served name to port. Fix the inventory.")
@@ -336,7 +340,8 @@ def router_backends(
 
     models = []
     used: dict[int, str] = {}
-    for var, key in (("d3_router_port", "endpoint_port"), ("d3_router_metrics_port", "metrics_port")):
+    for var, key in (("d3_router_port", "endpoint_port"), ("d3_router_metrics_port", "metrics_port"),
+                     ("d3_router_health_port", "health_port")):  # fmt: skip
         port = settings[key]
         if port is None:
             continue
@@ -401,9 +406,12 @@ def router_backends(
                 "files": {name: json.dumps(body, sort_keys=True) + "\n" for name, body in files.items()},
                 "body_errors": list(BODY_ERRORS), "api_keys": settings["api_keys"]}  # fmt: skip
     metrics = {"port": settings["metrics_port"], "allowed": settings["metrics_allowed"]}
+    # keepalived's check asks this frontend (127.0.0.1 only, its own maxconn): never starved by the endpoint's clients
+    health = {"port": settings["health_port"], "maxconn": HEALTH_MAXCONN}
     # the ports clients connect to (the firewall role guards them on a router); the exporter has its own allow list
     client_ports = sorted({settings["endpoint_port"], *(m["port"] for m in models if m["port"])} - {None})
-    return {"models": models, "servers": servers, "endpoint": endpoint, "metrics": metrics, "client_ports": client_ports,
+    return {"models": models, "servers": servers, "endpoint": endpoint, "metrics": metrics, "health": health,
+            "client_ports": client_ports,
             "limits": limits(models, settings["max_request_kib"], settings["maxconn"]), "errors": errors}  # fmt: skip
 
 
@@ -420,16 +428,17 @@ def limits(models: list[dict[str, Any]], max_request_kib: int, maxconn: int = 0)
     - ``capacity``: the requests the fleet's instances take at once, the sum of every server's ``maxconn``;
     - ``fleet_maxconn``: the fleet endpoint's connections, ``maxconn`` when given (d3_router_maxconn), else twice the
       capacity (as many clients waiting, in HAProxy's queue or between two requests, as served);
-    - ``global_maxconn``: the fleet endpoint's, every model port's (twice its backend's capacity) and
-      ``SPARE_CONNECTIONS``;
+    - ``global_maxconn``: the fleet endpoint's, every model port's (twice its backend's capacity), the health
+      frontend's ``HEALTH_MAXCONN`` and ``SPARE_CONNECTIONS``: the frontends' limits fit in it, so no frontend's
+      clients can take another's connections;
     - ``memory_mib``: the most the buffers can take, two per connection (request and response), rounded up."""
     bufsize = max_request_kib * 1024 + HEADER_KIB * 1024 + MAXREWRITE
     capacity = sum(m["capacity"] for m in models)
     fleet = maxconn or max(2 * capacity, 1)
-    total = fleet + sum(m["maxconn"] for m in models if m["maxconn"]) + SPARE_CONNECTIONS
+    total = fleet + sum(m["maxconn"] for m in models if m["maxconn"]) + HEALTH_MAXCONN + SPARE_CONNECTIONS
     return {"max_body": max_request_kib * 1024, "bufsize": bufsize, "maxrewrite": MAXREWRITE, "header_kib": HEADER_KIB,
             "capacity": capacity,
-            "fleet_maxconn": fleet, "global_maxconn": total, "spare": SPARE_CONNECTIONS,
+            "fleet_maxconn": fleet, "global_maxconn": total, "spare": SPARE_CONNECTIONS, "health_maxconn": HEALTH_MAXCONN,
             "memory_mib": -(-total * 2 * bufsize // (1024 * 1024)), "tls": dict(TLS)}  # fmt: skip
 
 

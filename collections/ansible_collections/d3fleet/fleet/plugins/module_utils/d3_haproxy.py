@@ -68,6 +68,20 @@ def in_state(status: str, state: str) -> bool:
     return word in ("UP", "NOLB")
 
 
+def ready_steps(status: str) -> tuple[str, ...]:
+    """The ``set server ... state`` steps that give back a server whose ``show stat`` status is ``status``.
+
+    Through maintenance (``maint``, then ``ready``) so that ``slowstart`` applies: configuration.txt "It only applies
+    when a server has been previously seen as failed", and src/server.c (v2.6.0, v3.0.0) starts the ramp when a server
+    leaves maintenance, setting its check health to ``rise`` ("start OK but check immediately"): it is UP at once,
+    before its first check. For a server that is DOWN (its checks fail: the instance is not serving) that made it
+    ``UP 1/2``, eligible for new requests, until that check failed (tests/contracts/haproxy/giveback-down.json); so a
+    DOWN server is given back from DRAIN directly: it stays DOWN, and when its checks pass it comes up through the
+    same ramp (a server coming back from failed checks starts STARTING with its warmup, src/server.c
+    ``srv_set_running``)."""
+    return ("ready",) if status.split(" ")[0] == "DOWN" else ("maint", "ready")
+
+
 def parse_proc(text: str) -> list[dict[str, Any]]:
     """The processes of the master CLI's ``show proc``: {pid, type, section} per line, section ``master`` before the
     first ``# <section>`` comment (``workers``, ``old workers``, ``programs``). Fails on text that has no master line."""

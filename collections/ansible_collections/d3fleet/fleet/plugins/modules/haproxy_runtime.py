@@ -21,7 +21,10 @@ description:
   - A server given back (V(ready)) goes through maintenance first, C(set server ... state maint) then C(state ready),
     since HAProxy applies a server's C(slowstart) only when it was seen failed or leaves maintenance (doc/configuration.txt
     "slowstart"; src/server.c), so a server back from DRAIN would take its whole share of new requests at once; from
-    MAINT its share grows over the C(slowstart) period (tests/contracts/haproxy/loopback-2.6.12-3.0.11.json).
+    MAINT its share grows over the C(slowstart) period (tests/contracts/haproxy/loopback-2.6.12-3.0.11.json). A V(DOWN)
+    server is given back with C(state ready) only - leaving maintenance sets its check health to C(rise) (src/server.c),
+    so it would be V(UP 1/2), taking new requests, until its first check failed; it stays V(DOWN), and ramps up over
+    C(slowstart) when its checks pass (tests/contracts/haproxy/giveback-down.json).
   - After it changed a server's state, it writes C(show servers state) (doc/management.txt) to O(state_file), the file
     HAProxy's C(server-state-file) names, through a temporary file and a rename, so that a start after an unclean
     stop (C(kill -9), a crash) or a reload that bypasses the service's own save applies the states as they are now,
@@ -189,6 +192,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import (
     in_state,
     parse_stat,
+    ready_steps,
     select,
     set_command,
     worker_pids,
@@ -351,12 +355,15 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         names = ", ".join(f"{m['backend']}/{m['server']}" for m in missing)
         raise Refusal(f"{where} does not know the servers {names}: nothing was set. Configure the routers first: "
                       "ansible-playbook site.yml -l d3-routers --tags router")  # fmt: skip
+    status = {(row["backend"], row["server"]): row["status"] for row in wanted}
     todo = [server for server, row in zip(p["servers"], wanted, strict=True) if state and not in_state(row["status"], state)]
     saved = ""
     if not check_mode:
         for server in todo:
-            # ready through maint: slowstart applies to a server leaving maintenance, not to one leaving DRAIN
-            for step in ("maint", "ready") if state == "ready" else (state,):
+            # ready through maint (slowstart applies to a server leaving maintenance, not to one leaving DRAIN), except
+            # for a DOWN server: leaving maint would make it UP until its first check (d3_haproxy.ready_steps)
+            steps = ready_steps(status[(server["backend"], server["server"])]) if state == "ready" else (state,)
+            for step in steps:
                 command = set_command(server, step)
                 try:
                     answer = ask(p["socket"], command, p["connect_timeout"])

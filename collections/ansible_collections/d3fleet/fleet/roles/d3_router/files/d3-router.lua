@@ -6,27 +6,46 @@
 --   txn.d3_model  the value of the one top-level "model" key, when it is a string
 --   txn.d3_body   ok | not_json (not one JSON object) | duplicate_model | no_model | model_not_string
 -- It checks only what routing needs (the object's structure and its keys); vLLM validates the rest of the JSON.
--- API: HAProxy's doc/lua-api/index.rst (core.register_action, TXN.f:req_body, TXN.set_var), the same in 2.6 and 3.0.
+-- The body's bytes are read as Python's json.loads(bytes) reads them (vLLM: FastAPI's request.json() is Starlette's
+-- json.loads(await self.body()) for an application/json request): the encoding from the first bytes
+-- (json.detect_encoding: a UTF-32, UTF-16 or UTF-8 byte-order mark, else the pattern of zero bytes in the first four,
+-- else UTF-8), decoded with 'surrogatepass' (lone surrogates kept, a byte sequence that does not decode refused);
+-- inside a string only U+0000-U+001F must be escaped (DEL, 0x7F, may stand as it is); \uD83D\uDE00 is one character.
+-- API: HAProxy's doc/lua-api/index.rst (core.register_action, TXN.f:req_body, TXN.set_var), the same in 2.6 and 3.0;
+-- Lua 5.3 (Debian 12's HAProxy 2.6) and 5.4 (Debian 13's 3.0): string.unpack, utf8.char, utf8.len.
 
 local ESCAPES = { ['"'] = '"', ['\\'] = '\\', ['/'] = '/', b = '\b', f = '\f', n = '\n', r = '\r', t = '\t' }
+
+-- the code point of the \uXXXX escape at s[k] (the backslash), or nil
+local function escaped(s, k)
+    local hex = s:sub(k + 2, k + 5)
+    if s:sub(k, k + 1) == '\\u' and hex:match('^%x%x%x%x$') then return tonumber(hex, 16) end
+    return nil
+end
 
 -- the string starting at s[i] == '"': its decoded text and the index after it; nil when it is not a JSON string
 local function read_string(s, i)
     local parts, j = {}, i + 1
     while true do
-        local k = s:find('["\\%c]', j)
+        local k = s:find('["\\\0-\31]', j) -- JSON's control characters are U+0000-U+001F (DEL is not one)
         if not k then return nil end
         local c = s:sub(k, k)
         parts[#parts + 1] = s:sub(j, k - 1)
         if c == '"' then return table.concat(parts), k + 1 end
         if c ~= '\\' then return nil end -- a raw control character
         local e = s:sub(k + 1, k + 1)
+        local u = escaped(s, k)
         if ESCAPES[e] then
             parts[#parts + 1] = ESCAPES[e]
             j = k + 2
-        elseif e == 'u' and s:sub(k + 2, k + 5):match('^%x%x%x%x$') then
-            parts[#parts + 1] = utf8.char(tonumber(s:sub(k + 2, k + 5), 16))
+        elseif u then
             j = k + 6
+            local low = u >= 0xD800 and u <= 0xDBFF and escaped(s, j)
+            if low and low >= 0xDC00 and low <= 0xDFFF then -- a surrogate pair: one character, as Python's json
+                u = 0x10000 + (u - 0xD800) * 0x400 + (low - 0xDC00)
+                j = j + 6
+            end
+            parts[#parts + 1] = utf8.char(u)
         else
             return nil
         end
@@ -66,8 +85,57 @@ local function ws(s, i)
     return s:find('[^ \t\r\n]', i) or #s + 1
 end
 
+-- UTF-16 (2) or UTF-32 (4 bytes a unit) from s[i] as UTF-8, 'surrogatepass' as Python: a surrogate pair is one
+-- character, a lone surrogate kept; nil for a truncated unit or a UTF-32 unit past U+10FFFF
+local function from_units(s, i, size, big)
+    if (#s - i + 1) % size ~= 0 then return nil end
+    local format = (big and '>I' or '<I') .. size
+    local out, k = {}, i
+    while k <= #s do
+        local u = string.unpack(format, s, k)
+        k = k + size
+        if u > 0x10FFFF then return nil end
+        if size == 2 and u >= 0xD800 and u <= 0xDBFF and k <= #s then
+            local low = string.unpack(format, s, k)
+            if low >= 0xDC00 and low <= 0xDFFF then
+                u = 0x10000 + (u - 0xD800) * 0x400 + (low - 0xDC00)
+                k = k + 2
+            end
+        end
+        out[#out + 1] = utf8.char(u)
+    end
+    return table.concat(out)
+end
+
+-- UTF-8 as Python decodes it with 'surrogatepass': well formed, at most U+10FFFF, encoded surrogates allowed (Lua 5.4's
+-- utf8.len refuses those unless lax; 5.3's takes them and ignores the fourth argument)
+local function utf8_ok(s)
+    return not s:find('[\245-\255]') and not s:find('\244[\144-\191]') and utf8.len(s, 1, -1, true) ~= nil
+end
+
+-- the body as text (UTF-8), as Python's json.loads(bytes) decodes it (json.detect_encoding); nil when it does not decode
+local function as_text(s)
+    local b1, b2, b3, b4 = s:byte(1, 4)
+    if s:sub(1, 4) == '\0\0\254\255' then return from_units(s, 5, 4, true) end -- UTF-32 byte-order marks
+    if s:sub(1, 4) == '\255\254\0\0' then return from_units(s, 5, 4, false) end
+    if s:sub(1, 2) == '\254\255' then return from_units(s, 3, 2, true) end -- UTF-16 byte-order marks
+    if s:sub(1, 2) == '\255\254' then return from_units(s, 3, 2, false) end
+    if s:sub(1, 3) == '\239\187\191' then -- UTF-8's byte-order mark ('utf-8-sig'): dropped
+        s = s:sub(4)
+    elseif #s >= 4 and b1 == 0 then
+        return from_units(s, 1, b2 == 0 and 4 or 2, true)
+    elseif #s >= 4 and b2 == 0 then
+        return from_units(s, 1, (b3 == 0 and b4 == 0) and 4 or 2, false)
+    elseif #s == 2 and (b1 == 0 or b2 == 0) then
+        return from_units(s, 1, 2, b1 == 0)
+    end
+    return utf8_ok(s) and s or nil
+end
+
 -- (verdict, model) for a request body
-local function read_model(s)
+local function read_model(body)
+    local s = as_text(body)
+    if not s then return 'not_json' end
     local i = ws(s, 1)
     if s:sub(i, i) ~= '{' then return 'not_json' end
     local count, model, is_string = 0, nil, false

@@ -34,3 +34,16 @@ def test_parts_and_the_slowest_tests_across_runs(tmp_path: Path) -> None:
 def test_a_run_that_did_not_start_says_so(tmp_path: Path) -> None:
     assert "make test did not start" in ci_report.report(tmp_path, 25)
     assert "slowest" not in ci_report.report(tmp_path, 25)
+
+
+def test_the_lab_figures_follow_the_slowest_tests(tmp_path: Path) -> None:
+    assert "lab's figures" not in ci_report.report(tmp_path, 25)
+    (tmp_path / "lab-figures.jsonl").write_text(
+        '{"drill": 8, "name": "controller killed", "figure": "moved after 3.7 s", "lab_s": 250}\n\n'
+        '{"drill": "pair", "name": "failover", "figure": "0 late"}\n'
+    )
+    text = ci_report.report(tmp_path, 25)
+    assert text.split("== the lab's figures (lab-figures.jsonl: drills, failover) ==\n")[1].splitlines() == [
+        "  8 controller killed: moved after 3.7 s (250 s)",
+        "pair failover: 0 late (? s)",
+    ]

@@ -9,6 +9,7 @@ The unit suite's time (part `unit`) is the machine's yardstick: compare timings 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -49,6 +50,11 @@ def report(build: Path, count: int) -> str:
     if cases:
         out += ["", f"== the {len(cases)} slowest tests =="]
         out += [f"{seconds:7.1f} s  {run:<9} {test_id}" for seconds, test_id, run in cases]
+    figures = build / "lab-figures.jsonl"
+    lines = [json.loads(line) for line in figures.read_text().splitlines() if line.strip()] if figures.is_file() else []
+    if lines:
+        out += ["", f"== the lab's figures ({figures.name}: drills, failover) =="]
+        out += [f"{f.get('drill', '-')!s:>3} {f['name']}: {f['figure']} ({f.get('lab_s', '?')} s)" for f in lines]
     return "\n".join(out)
 
 

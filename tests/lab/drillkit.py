@@ -1,6 +1,7 @@
 """Helpers of the fault drills (tests/lab/test_drills.py, and drills 8 and 9 in test_rollout.py): what a fault must
-not lose on a lab host, a decision asked from inside a host, and the drill's figure (printed; with
-D3_DRILLS_OUT=<file> also appended as a JSON line, which lab/drills.sh prints as one table).
+not lose on a lab host, a decision asked from inside a host, and the drill's figure (printed, and appended as a JSON
+line to build/lab-figures.jsonl, or D3_DRILLS_OUT=<file>: lab/drills.sh prints them as one table, tools/ci_report.py
+at the end of `make test`).
 
 The lab is a STAND-IN (lab/README.md)."""
 
@@ -17,13 +18,13 @@ import labkit
 from labkit import on_host, running
 
 
-def figure(drill: int, name: str, text: str, started: float) -> None:
+def figure(drill: int | str, name: str, text: str, started: float) -> None:
     lab_s = time.monotonic() - started
     print(f"\nDRILL {drill} | {name} | {text} | {lab_s:.0f} s")
-    out = os.environ.get("D3_DRILLS_OUT")
-    if out:
-        with Path(out).open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"drill": drill, "name": name, "figure": text, "lab_s": round(lab_s)}) + "\n")
+    out = Path(os.environ.get("D3_DRILLS_OUT") or labkit.ROOT / "build/lab-figures.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"drill": drill, "name": name, "figure": text, "lab_s": round(lab_s)}) + "\n")
 
 
 def nothing_lost(host: str) -> dict[str, Any]:

@@ -287,44 +287,56 @@ def test_every_router_that_answers_is_kept_and_nothing_is_said() -> None:
 
     rows = [{"backend": "be_m", "server": "h-m", "status": "UP"}]
     live = routers_live([{"item": "r1", "stat": rows}, {"item": "r2", "stat": []}])
-    assert live == {"stats": {"r1": rows, "r2": []}, "down": {}, "errors": {}, "unread": [], "line": ""}
+    assert live == {"stats": {"r1": rows, "r2": []}, "down": {}, "errors": {}, "unread": [], "unreachable": [], "line": ""}
 
 
-def test_an_unreachable_router_is_left_out_and_named() -> None:
+def test_an_unreachable_router_is_left_out_only_when_one_that_answers_holds_the_virtual_address() -> None:
     from d3_rollout import routers_live
 
-    live = routers_live([{"item": "r1", "stat": []},
-                         {"item": "r2", "unreachable": True, "msg": "Failed to connect to the host via ssh:\n refused"}],
-                        [])  # fmt: skip
-    assert live["stats"] == {"r1": []} and live["errors"] == {} and live["unread"] == []
-    assert live["down"] == {"r2": "unreachable (Failed to connect to the host via ssh: refused)"}
+    reads = [{"item": "r1", "stat": []}, {"item": "r2", "unreachable": True, "msg": "Failed to connect via ssh:\n refused"}]
+    live = routers_live(reads, [], [{"item": "r1", "stdout": "holds\n"}], "10.0.0.10")
+    assert live["stats"] == {"r1": []} and live["errors"] == {} and live["unread"] == [] and live["unreachable"] == ["r2"]
+    assert live["down"] == {"r2": "unreachable (Failed to connect via ssh: refused); r1 holds the virtual address 10.0.0.10"}
     assert live["line"].startswith("Routers not serving, left out of this step: r2: unreachable (Failed to connect")
     assert "given back at the rollout's end if they answer by then; else status.yml reports it." in live["line"]
+    # nobody that answers holds it (the cut-off router may, alive behind a broken SSH), or no virtual address: an error
+    cut_off = "unreachable (Failed to connect via ssh: refused) and no router that answers holds "
+    for holders, vip, what in (([{"item": "r1", "stdout": ""}], "10.0.0.10", "the virtual address 10.0.0.10"),
+                               ([{"item": "r1", "stdout": "holds", "unreachable": True}], "10.0.0.10",
+                                "the virtual address 10.0.0.10"),
+                               ([{"item": "r1", "stdout": "holds"}], "", "a virtual address (d3_router_vip)"),
+                               (None, "10.0.0.10", "the virtual address 10.0.0.10")):  # fmt: skip
+        live = routers_live(reads, [], holders, vip)
+        assert live["down"] == {} and live["line"] == "", holders
+        assert live["errors"] == {"r2": f"{cut_off}{what}: it may still serve clients this rollout cannot drain"}, holders
 
 
-def test_a_router_whose_haproxy_is_stopped_is_left_out_but_a_failed_read_of_a_running_one_is_an_error() -> None:
+def test_a_stopped_haproxy_is_left_out_a_running_or_starting_one_that_cannot_be_read_is_an_error() -> None:
     from d3_rollout import routers_live
 
-    reads = [{"item": "r1", "failed": True, "msg": "no socket"}, {"item": "r2", "failed": True, "msg": "refused"},
-             {"item": "r3", "failed": True, "msg": "x"}, {"item": "r4", "msg": "gone"}]  # fmt: skip
-    services = [{"item": "r1", "stdout": "inactive\n"}, {"item": "r2", "stdout": "active\n"},
-                {"item": "r3", "unreachable": True, "stdout": "inactive"}, {"item": "r4", "stdout": ""}]  # fmt: skip
+    reads = [{"item": f"r{i}", "failed": True, "msg": f"m{i}"} for i in range(1, 8)]
+    services = [{"item": "r1", "stdout": "inactive\n"}, {"item": "r2", "stdout": "failed"}, {"item": "r3", "stdout": "unknown"},
+                {"item": "r4", "stdout": "active\n"}, {"item": "r5", "stdout": "activating"},
+                {"item": "r6", "unreachable": True, "stdout": "inactive"}]  # fmt: skip
     live = routers_live(reads, services)
-    assert live["stats"] == {}
+    assert live["stats"] == {} and live["unread"] == [f"r{i}" for i in range(1, 8)] and live["unreachable"] == []
     assert live["down"] == {"r1": "HAProxy not running (haproxy.service inactive)",
-                            "r4": "HAProxy not running (haproxy.service unknown)"}  # fmt: skip
-    # r3's service could not be asked (its host went away after the read): not known to be stopped, so an error
-    assert live["errors"] == {"r2": "refused", "r3": "x"} and live["unread"] == ["r1", "r2", "r3", "r4"]
-    assert live["line"].index("r1: HAProxy not running") < live["line"].index("r4: HAProxy")
+                            "r2": "HAProxy not running (haproxy.service failed)",
+                            "r3": "HAProxy not running (haproxy.service unknown)"}  # fmt: skip
+    # r6's service could not be asked (its host went away after the read), r7's not at all: not known to be stopped
+    assert live["errors"] == {"r4": "m4", "r5": "haproxy.service is activating (m5): read again once it settles",
+                              "r6": "m6", "r7": "m7"}  # fmt: skip
+    assert live["line"].index("r1: HAProxy not running") < live["line"].index("r3: HAProxy")
 
 
 def test_a_read_without_rows_or_message_is_no_answer() -> None:
     from d3_rollout import routers_live
 
-    assert routers_live(None) == {"stats": {}, "down": {}, "errors": {}, "unread": [], "line": ""}
-    live = routers_live([{"item": "r1", "unreachable": True, "stat": []}, {"item": "r2", "stat": "UP"}],
-                        [{"item": "r2", "stdout": "failed"}])  # fmt: skip
-    assert live["down"] == {"r1": "unreachable (no answer)", "r2": "HAProxy not running (haproxy.service failed)"}
+    assert routers_live(None) == {"stats": {}, "down": {}, "errors": {}, "unread": [], "unreachable": [], "line": ""}
+    live = routers_live([{"item": "r1", "unreachable": True, "stat": []}, {"item": "r2", "stat": "UP"}, {"item": "r3", "stat": []}],
+                        [{"item": "r2", "stdout": "failed"}], [{"item": "r3", "stdout": "x"}], "10.0.0.10")  # fmt: skip
+    assert live["down"] == {"r1": "unreachable (no answer); r3 holds the virtual address 10.0.0.10",
+                            "r2": "HAProxy not running (haproxy.service failed)"}  # fmt: skip
     assert live["unread"] == ["r2"]
-    long = routers_live([{"item": "r1", "unreachable": True, "msg": "y" * 400}])
-    assert long["down"]["r1"] == f"unreachable ({'y' * 300})"
+    long = routers_live([{"item": "r1", "unreachable": True, "msg": "y" * 400}], None, [{"item": "r2", "stdout": "h"}], "v")
+    assert long["down"]["r1"] == f"unreachable ({'y' * 300}); r2 holds the virtual address v"

@@ -303,39 +303,57 @@ def drain_plan(stats: dict[str, list[dict[str, Any]]], servers: Any) -> list[dic
     return plan
 
 
-def routers_live(results: Any, services: Any = None) -> dict[str, Any]:
-    """Which routers answer, from the loop results of a ``show stat`` read delegated to each router with
-    ``ignore_unreachable`` and ``failed_when: false`` (item: the router), and for the routers whose read failed, the
-    results of ``systemctl is-active haproxy.service`` there (``services``, same shape). A router answers when its read
-    returned ``stat``. One that is unreachable (its host down), or whose HAProxy is not running, serves no client
-    (keepalived moves the virtual address off it): the rollout neither drains nor waits on it. A read that failed while
-    HAProxy runs (a wrong socket, a refused command) is an error: that router serves clients the rollout cannot drain.
-    Returns ``stats`` {router: rows} of those that answer, ``down`` {router: why}, ``errors`` {router: the read's
-    message}, ``unread`` (the routers reached whose read failed: where to ask systemctl), ``line``: what to say about
-    ``down`` ('' when every router answers)."""
+# haproxy.service states in which HAProxy serves nobody (systemctl is-active; "unknown": no such unit)
+_STOPPED = ("inactive", "failed", "unknown")
+
+
+def routers_live(results: Any, services: Any = None, holders: Any = None, vip: Any = "") -> dict[str, Any]:
+    """Which routers a rollout step drains and waits on, from the loop results of a ``show stat`` read delegated to
+    each router with ``ignore_unreachable`` and ``failed_when: false`` (item: the router); for the routers reached
+    whose read failed, ``systemctl is-active haproxy.service`` there (``services``, same shape); and, when some router
+    was unreachable, whether each router that answered holds the virtual address ``vip`` (``holders``: non-empty
+    stdout). A router answers when its read returned ``stat``. One whose HAProxy is stopped (inactive, failed, no
+    unit) serves nobody: left out. One the controller cannot reach is left out only when a router that answered holds
+    the virtual address (keepalived moved it: the unreachable one is down or a BACKUP); without a virtual address, or
+    with nobody that answered holding it, it may still serve clients (SSH cut off, HAProxy healthy): an error, as is
+    a read that failed while HAProxy runs or is starting, reloading or stopping (a wrong socket; a restart that keeps
+    the address). Returns ``stats`` {router: rows} of those that answer, ``down`` {router: why}, ``errors`` {router:
+    why}, ``unread`` (the routers reached whose read failed: where to ask systemctl), ``unreachable`` (where to look
+    for the address), ``line``: what to say about ``down`` ('' when every router answers)."""
     active = {str(r.get("item")): str(r.get("stdout") or "").strip() for r in services or [] if not r.get("unreachable")}
+    holder = sorted(str(r.get("item")) for r in holders or [] if not r.get("unreachable") and str(r.get("stdout") or "").strip())
     stats: dict[str, Any] = {}
     down: dict[str, str] = {}
     errors: dict[str, str] = {}
     unread: list[str] = []
+    unreachable: list[str] = []
     for result in results or []:
         router = str(result.get("item"))
         why = " ".join(str(result.get("msg") or "no answer").split())[:300]
         if not result.get("unreachable") and isinstance(result.get("stat"), list):
             stats[router] = result["stat"]
         elif result.get("unreachable"):
-            down[router] = f"unreachable ({why})"
+            unreachable.append(router)
+            if vip and holder:
+                down[router] = f"unreachable ({why}); {', '.join(holder)} holds the virtual address {vip}"
+            else:
+                errors[router] = (f"unreachable ({why}) and no router that answers holds "
+                                  + (f"the virtual address {vip}" if vip else "a virtual address (d3_router_vip)")
+                                  + ": it may still serve clients this rollout cannot drain")  # fmt: skip
         else:
             unread.append(router)
-            if active.get(router, "active") == "active":
+            state = active.get(router, "active")
+            if state in _STOPPED:
+                down[router] = f"HAProxy not running (haproxy.service {state})"
+            elif state == "active":
                 errors[router] = why
             else:
-                down[router] = f"HAProxy not running (haproxy.service {active[router] or 'unknown'})"
+                errors[router] = f"haproxy.service is {state} ({why}): read again once it settles"
     line = "; ".join(f"{router}: {why}" for router, why in sorted(down.items()))
     if line:
         line = (f"Routers not serving, left out of this step: {line}. A drain of this rollout they still hold is given "
                 "back at the rollout's end if they answer by then; else status.yml reports it.")
-    return {"stats": stats, "down": down, "errors": errors, "unread": unread, "line": line}
+    return {"stats": stats, "down": down, "errors": errors, "unread": unread, "unreachable": unreachable, "line": line}
 
 
 def drain_detail(plan: list[dict[str, Any]]) -> str:

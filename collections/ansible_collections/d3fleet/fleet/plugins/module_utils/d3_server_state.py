@@ -115,7 +115,10 @@ def reconcile(state: str, servers: dict[tuple[str, str], tuple[str, str]]) -> tu
 
 
 def ask(path: str, command: str, timeout: float) -> str:
-    """One runtime API command: the line sent, the sending side closed (as socat does), read until HAProxy closes."""
+    """One runtime API or master CLI command: the line sent, the sending side closed (as `socat` does at the end of its
+    input), read until HAProxy closes the connection. The master CLI keeps a connection open after answering until the
+    client's side closes (the HAProxy maintainer's review, 2.6.12 and 3.0.11): without the half-close every master CLI
+    command waited the whole timeout and failed. The module haproxy_runtime asks through this one too."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(path)

@@ -183,7 +183,6 @@ error:
 import contextlib
 import os
 import re
-import socket as sockets
 import tempfile
 import time
 from typing import Any
@@ -197,6 +196,9 @@ from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import (
     set_command,
     worker_pids,
 )
+
+# one command on a socket (half-closed after the line, as socat does): the save-state helper's, one place
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_server_state import ask
 
 # the d3_input_problems filter's 'path' rule (plugins/filter/d3_inputs.py): /dir/name, no .. or . components
 PLAIN_PATH = re.compile(r"\A(/[A-Za-z0-9_.@+-]+)+\Z")
@@ -225,22 +227,6 @@ class Refusal(Exception):
     def __init__(self, msg: str, error: str = "") -> None:
         super().__init__(msg)
         self.error = error or msg
-
-
-def ask(path: str, command: str, timeout: float) -> str:
-    """One command in HAProxy's non-interactive mode: send the line and close the sending side (as `socat` does at
-    the end of its input), read until HAProxy closes the connection. The master CLI keeps a connection open after
-    answering until the client's side closes (the HAProxy maintainer's review, 2.6.12 and 3.0.11): without the
-    half-close every master CLI command waited the whole timeout and failed."""
-    with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as conn:
-        conn.settimeout(timeout)
-        conn.connect(path)
-        conn.sendall(command.encode() + b"\n")
-        conn.shutdown(sockets.SHUT_WR)
-        chunks = []
-        while chunk := conn.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def plain(path: str) -> bool:

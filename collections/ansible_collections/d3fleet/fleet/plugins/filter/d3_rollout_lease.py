@@ -140,7 +140,8 @@ def drains_owned(records: dict[str, list[dict[str, Any]]], leases: dict[str, Any
     """Each router's drain records ({router: records}) split by their owner, with the router's lease ({router: its
     content}): ``held``, the records of the rollout that holds the lease now (it gives them back, nobody else);
     ``orphaned``, those whose owner is gone (or records from before owners): give back, report; ``holder``, the live
-    holder's description ('' when none); ``kept``, the line that says which drains stay ('' when none)."""
+    holder's description ('' when none); ``kept``, the line that names the live holder and says which of its drains
+    stay ('none now' between its drains: a run during a rollout always names it; '' without a live holder)."""
     out = {}
     for router, mine in records.items():
         holder = lease_holder(leases.get(router), me, now)
@@ -149,8 +150,8 @@ def drains_owned(records: dict[str, list[dict[str, Any]]], leases: dict[str, Any
         kept = ", ".join(f"{r['backend']}/{r['server']}" for r in held)
         out[router] = {"holder": holder["description"] if holder else "", "held": held,
                        "orphaned": [r for r in mine if not (owner and r.get("owner") == owner)],
-                       "kept": f"{router}: {holder['description']} holds the routers: its drains stay ({kept}); this run "
-                               "gives none of them back." if held and holder else ""}  # fmt: skip
+                       "kept": f"{router}: {holder['description']} holds the routers: its drains stay ({kept or 'none now'}); "
+                               "this run gives none of them back." if holder else ""}  # fmt: skip
     return out
 
 

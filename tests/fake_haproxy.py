@@ -51,14 +51,16 @@ class OneLineSocket:
                     data += chunk
                 command = data.decode().rstrip("\n")
                 self.commands.append(command)
-                conn.sendall(self.answer(command).encode())
+                answer = self.answer(command)
+                conn.sendall(answer if isinstance(answer, bytes) else answer.encode())
                 if self.close_on_eof:
                     conn.settimeout(30)
                     with contextlib.suppress(OSError):
                         while conn.recv(4096):
                             pass
 
-    def answer(self, command: str) -> str:
+    def answer(self, command: str) -> str | bytes:
+        """What to send back (text, or bytes sent as they are)."""
         raise NotImplementedError
 
     def close(self) -> None:

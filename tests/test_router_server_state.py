@@ -381,15 +381,8 @@ class RawSocket(OneLineSocket):
         super().__init__(path)
         self.data = data
 
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(4096)
-                conn.sendall(self.data)
+    def answer(self, command: str) -> bytes:
+        return self.data
 
 
 def test_read_replaces_bytes_that_are_not_utf_8(tmp_path: Path) -> None:

@@ -7,8 +7,10 @@ module's results (d3_router_api_problems) and from systemctl show (d3_rollout_do
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
+import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -131,7 +133,9 @@ def test_check_mode_reports_what_would_change_and_sends_nothing(haproxy: FakeHAP
 
 # --- the saved state --------------------------------------------------------------------------------------------
 
-STATE = "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state\n4 be_d3-lite 1 d3-lab-host2-d3-lite 10.0.0.2 2 1\n"
+# a version 1 dump as both versions print it (tests/contracts/haproxy/server-state.json): the module writes only that
+STATE = (json.loads((ROOT / "tests/contracts/haproxy/server-state.json").read_text())["header"]
+         + "4 be_d3-lite 1 d3-lab-host2-d3-lite 10.0.0.2 2 8 1 1 7 15 3 4 6 0 0 0 - 9001 - 0 0 - - 0\n")  # fmt: skip
 
 
 def test_a_change_writes_show_servers_state_to_the_state_file(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str],
@@ -144,14 +148,18 @@ def test_a_change_writes_show_servers_state_to_the_state_file(haproxy: FakeHAPro
     out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="drain", state_file=str(target))
     assert haproxy.commands == ["show stat", "set server be_d3-lite/d3-lab-host2-d3-lite state drain", "show servers state"]
     assert target.read_text() == STATE and out["state_saved"] == str(target) and "warnings" not in out
-    assert oct(target.stat().st_mode & 0o777) == "0o644" and sorted(p.name for p in tmp_path.iterdir()) == ["server-state"]
+    # no temporary left; the lock the reload holds too (d3_server_state.locked), root's only
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["server-state", "server-state.lock"]
+    assert oct((tmp_path / "server-state.lock").stat().st_mode & 0o777) == "0o600"
     out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="ready", state_file=str(target))
     assert haproxy.commands[-1] == "show servers state" and out["state_saved"] == str(target)
     # the temporary file is the module's own (the reload's save runs beside it: the HAProxy maintainer's review found
     # both writing server-state.d3-new and, 22-28 times in 200, no state file left): a path taken by another is no bar
     (tmp_path / "server-state.d3-new").mkdir()
     out = run_main(capsys, socket=haproxy.path, servers=[LITE2], state="drain", state_file=str(target))
-    assert out["state_saved"] == str(target) and sorted(p.name for p in tmp_path.iterdir()) == ["server-state", "server-state.d3-new"]
+    assert out["state_saved"] == str(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["server-state", "server-state.d3-new", "server-state.lock"]
 
 
 def test_nothing_changed_nothing_written(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -163,7 +171,8 @@ def test_nothing_changed_nothing_written(haproxy: FakeHAProxy, capsys: pytest.Ca
     assert out["changed"] is True and out["state_saved"] == "" and not (tmp_path / "s").exists()
 
 
-@pytest.mark.parametrize("answer", ["Unknown command.\n", "", "2\n# a format this module does not know\n"])
+@pytest.mark.parametrize("answer", ["Unknown command.\n", "", "2\n# a format this module does not know\n",
+                                    "1\n# be_id be_name srv_id\n4 be_d3-lite 1\n"])  # fmt: skip
 def test_a_state_that_cannot_be_read_removes_the_file_and_warns(haproxy: FakeHAProxy, capsys: pytest.CaptureFixture[str],
                                                                 tmp_path: Path, answer: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
@@ -174,7 +183,8 @@ def test_a_state_that_cannot_be_read_removes_the_file_and_warns(haproxy: FakeHAP
     target = tmp_path / "server-state"
     target.write_text("1\nDRAIN from an older state\n")
     out = run_main(capsys, socket=haproxy.path, router="r1", servers=[LITE2], state="drain", state_file=str(target))
-    assert out["changed"] is True and out["state_saved"] == "" and not target.exists() and list(tmp_path.iterdir()) == []
+    assert out["changed"] is True and out["state_saved"] == "" and not target.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["server-state.lock"]
     assert warned == [f"r1: `show servers state` could not be written to {target}; it was removed, so a start "
                       "applies the configuration's states (every server ready) until the next change or reload."]  # fmt: skip
     # saved, or nothing changed: no warning
@@ -184,10 +194,26 @@ def test_a_state_that_cannot_be_read_removes_the_file_and_warns(haproxy: FakeHAP
     assert len(warned) == 1 and target.read_text() == STATE
 
 
-def test_a_state_file_that_cannot_be_written_is_removed(haproxy: FakeHAProxy, tmp_path: Path) -> None:
+def test_a_state_file_that_cannot_be_written_is_removed(haproxy: FakeHAProxy, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     haproxy.servers_state = STATE
-    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=str(tmp_path / "no-dir" / "s")), False)
-    assert out["state_saved"] == "" and not (tmp_path / "no-dir").exists()
+    target = tmp_path / "s"
+    target.write_text("1\nan older state\n")
+
+    def full(*_: object) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(haproxy_runtime, "write", full)
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=str(target)), False)
+    assert out["state_saved"] == "" and out["changed"] is True and not target.exists()
+
+
+def test_a_lock_that_cannot_be_opened_is_refused_before_anything_is_set(haproxy: FakeHAProxy, tmp_path: Path) -> None:
+    """The reload's lock lives beside the state file: without its directory nothing orders a change with a reload."""
+    missing = tmp_path / "no-dir" / "s"
+    with pytest.raises(haproxy_runtime.Refusal, match=r"the lock .*/no-dir/s\.lock cannot be opened: .*No such file"):
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=str(missing)), False)
+    assert haproxy.commands == ["show stat"] and not (tmp_path / "no-dir").exists()
 
 
 @pytest.mark.parametrize("path", ["relative/state", "/var/lib/../etc/passwd", "/var/lib/haproxy/a b", "/var/./x"])
@@ -714,3 +740,106 @@ def test_the_giveback_of_a_down_server_as_both_versions_did_it(version: str) -> 
     for run in (through, straight):
         ramp = [int(t) for _, status, t in run["instance_started"] if status == "UP" and t]
         assert ramp[0] < 20 and ramp[-1] > 80 and ramp == sorted(ramp)  # slowstart's throttle, rising
+
+
+# --- the reload's lock, and a state lost in the wait ---------------------------------------------------------------
+
+
+def lock_is_held(state_file: Path) -> bool:
+    """Whether another open file holds the reload's lock (flock is per open file: this process's other ones count)."""
+    fd = os.open(f"{state_file}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_the_sets_and_the_save_are_made_under_the_reloads_lock_and_only_they(haproxy: FakeHAProxy, tmp_path: Path) -> None:
+    """A reload holds the lock from its save until the new worker runs (d3_server_state.reload): a set sent while the
+    lock is held would reach the old worker only, and the new one would start from a file without it."""
+    haproxy.servers_state = STATE
+    target = tmp_path / "server-state"
+    seen: list[tuple[str, bool]] = []
+    real = haproxy.answer
+    haproxy.answer = lambda command: seen.append((command, lock_is_held(target))) or real(command)  # type: ignore[method-assign]
+    haproxy.status[("be_d3-lite", "d3-lab-host2-d3-lite")] = ["DRAIN"]
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="ready", wait=True, state_file=str(target)), False)
+    assert seen == [("show stat", False), ("set server be_d3-lite/d3-lab-host2-d3-lite state maint", True),
+                    ("set server be_d3-lite/d3-lab-host2-d3-lite state ready", True), ("show servers state", True),
+                    ("show stat", False)]  # fmt: skip
+    assert out["state_saved"] == str(target) and not lock_is_held(target)
+
+
+def test_a_lock_held_past_its_wait_is_refused_and_nothing_is_set(haproxy: FakeHAProxy, tmp_path: Path) -> None:
+    target = tmp_path / "server-state"
+    clock = Clock()
+    fd = os.open(f"{target}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a reload that does not end
+    try:
+        with pytest.raises(haproxy_runtime.Refusal) as refused:
+            haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=str(target)), False, clock,
+                                clock.sleep)  # fmt: skip
+    finally:
+        os.close(fd)
+    assert str(refused.value) == (
+        f"router r1 (HAProxy runtime API {haproxy.path}): the lock {target}.lock is still held after 30 s (a reload of "
+        "HAProxy that does not end: systemctl status haproxy); nothing was set.")
+    assert haproxy.commands == ["show stat"] and 30.0 <= sum(clock.sleeps) < 30.1
+    # released: the same drain goes through
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=""), False)
+    assert out["changed_servers"] == ["be_d3-lite/d3-lab-host2-d3-lite"]
+
+
+def test_a_drain_lost_during_the_wait_is_set_again_and_waited_for(haproxy: FakeHAProxy, tmp_path: Path) -> None:
+    """The new worker of a reload that bypassed the lock (a `kill -USR2` by hand) started from an older file: the
+    server is ready again there. The wait sets it again, says so, and waits for its sessions as before."""
+    haproxy.servers_state = STATE
+    key = ("be_d3-lite", "d3-lab-host2-d3-lite")
+    haproxy.after_set[key] = ["DRAIN", "UP"]  # drained, then ready again
+    haproxy.scur[key] = [0, 1, 1, 0]  # the first read, the first poll, the second (lost), the read after the set
+    clock = Clock()
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", wait=True, poll=0.5,
+                                     state_file=str(tmp_path / "s")), False, clock, clock.sleep)  # fmt: skip
+    drain = "set server be_d3-lite/d3-lab-host2-d3-lite state drain"
+    assert haproxy.commands == ["show stat", drain, "show servers state", "show stat", "show stat", drain,
+                                "show servers state", "show stat"]  # fmt: skip
+    assert out["reapplied"] == ["be_d3-lite/d3-lab-host2-d3-lite"] and out["servers"] == [{**LITE2, "scur": 0, "status": "DRAIN"}]
+    assert clock.sleeps == [0.5] and out["changed_servers"] == ["be_d3-lite/d3-lab-host2-d3-lite"]
+
+
+def test_a_giveback_lost_during_the_wait_is_set_again(haproxy: FakeHAProxy) -> None:
+    key = ("be_d3-lite", "d3-lab-host2-d3-lite")
+    haproxy.status[key] = ["DRAIN"]
+    haproxy.after_set[key] = ["UP 1/2", "DRAIN"]  # coming up, then a reload brought an older DRAIN back
+    clock = Clock()
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="ready", wait=True), False, clock, clock.sleep)
+    maint, ready = (f"set server be_d3-lite/d3-lab-host2-d3-lite state {s}" for s in ("maint", "ready"))
+    assert haproxy.commands == ["show stat", maint, ready, "show stat", "show stat", maint, ready, "show stat"]
+    assert out["reapplied"] == ["be_d3-lite/d3-lab-host2-d3-lite"] and out["servers"][0]["status"] == "UP"
+
+
+@pytest.mark.parametrize(("status", "state", "left"), [
+    ("UP", "drain", True), ("UP 1/2", "drain", True), ("NOLB", "drain", True), ("DRAIN", "drain", False),
+    ("DRAIN 1/2", "drain", False), ("MAINT", "drain", False), ("DOWN", "drain", False), ("MISSING", "drain", False),
+    ("DRAIN", "ready", True), ("MAINT", "ready", True), ("DRAIN 1/2", "ready", True), ("UP", "ready", False),
+    ("UP 1/2", "ready", False), ("DOWN", "ready", False), ("NOLB", "ready", False), ("MAINT(via)", "ready", False),
+])  # fmt: skip
+def test_left_state_takes_only_what_show_stat_proves(status: str, state: str, left: bool) -> None:
+    assert haproxy_runtime.left_state(status, state) is left
+
+
+@pytest.mark.parametrize("version", ["2.6.12-1+deb12u4", "3.0.11-1+deb13u4"])
+def test_a_drained_server_with_failing_checks_is_given_back_through_maint_as_measured(version: str) -> None:
+    """tests/contracts/haproxy/giveback-failing.json: `DRAIN 2/3` given back straight stayed UP (eligible) about 2 s,
+    through MAINT about 1 s before DOWN; so it goes through MAINT like any running server (not like a DOWN one)."""
+    runs = json.loads((ROOT / "tests/contracts/haproxy/giveback-failing.json").read_text())["captures"][version]
+    through, straight = runs["maint then ready"], runs["ready"]
+    failing = through["drained_then_failing"][-1][1]
+    assert failing.startswith("DRAIN ") and straight["drained_then_failing"][-1][1] == failing
+    assert d3_haproxy.ready_steps(failing) == ("maint", "ready")
+    assert through["after_give_back"][-1][1] == straight["after_give_back"][-1][1] == "DOWN"
+    up_through, up_straight = through["after_give_back"][-1][0], straight["after_give_back"][-1][0]
+    assert up_through < 1.2 < 1.8 < up_straight

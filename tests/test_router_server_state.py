@@ -6,9 +6,11 @@ before every reload, start and stop). HAProxy applies a saved server's port over
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -217,6 +219,13 @@ def where(tmp_path: Path) -> Iterator[dict[str, str]]:
         short.rmdir()
 
 
+def notes_of(argv: list[str]) -> list[str]:
+    """A save's or a reconcile's lines to print; they never fail (exit status 0)."""
+    status, lines = state.run(argv)
+    assert status == 0
+    return lines
+
+
 def served(path: str, dump: str) -> StateSocket:
     fake = StateSocket(path, dump)
     fake.thread.start()
@@ -227,23 +236,25 @@ def test_a_save_writes_haproxys_dump_made_to_agree_with_the_configuration(where:
     Path(where["config"]).write_text(config({"s1": 9001, "s2": 9012}))
     fake = served(where["socket"], HEADER + line("s1", 9001, admin=8) + "\n" + line("s2", 9002) + "\n")
     try:
-        notes = state.run(["save", where["socket"], where["file"], where["config"]])
+        notes = notes_of(["save", where["socket"], where["file"], where["config"]])
     finally:
         fake.close()
     assert fake.commands == ["show servers state"]
     assert Path(where["file"]).read_text() == HEADER + line("s1", 9001, admin=8) + "\n"
     assert notes == [f"{where['file']}: be_a/s2: 127.0.0.1:9002 -> 127.0.0.1:9012, dropped (starts as configured)"]
     assert stat.S_IMODE(os.stat(where["file"]).st_mode) == 0o644
-    assert sorted(os.listdir(Path(where["file"]).parent)) == ["haproxy.cfg", "server-state"]  # no temporary left
+    # no temporary left; the lock that orders saves and changes beside the file, root's only
+    assert sorted(os.listdir(Path(where["file"]).parent)) == ["haproxy.cfg", "server-state", "server-state.lock"]
+    assert stat.S_IMODE(os.stat(where["file"] + ".lock").st_mode) == 0o600
 
 
 def test_a_save_without_a_configuration_writes_the_dump_as_it_is(where: dict[str, str]) -> None:
     dump = HEADER + line("s2", 9002) + "\n"
     fake = served(where["socket"], dump)
     try:
-        assert state.run(["save", where["socket"], where["file"]]) == []
+        assert notes_of(["save", where["socket"], where["file"]]) == []
         # an unreadable configuration: the dump as HAProxy gave it, said so
-        notes = state.run(["save", where["socket"], where["file"], where["config"] + ".missing"])
+        notes = notes_of(["save", where["socket"], where["file"], where["config"] + ".missing"])
     finally:
         fake.close()
     assert Path(where["file"]).read_text() == dump
@@ -254,10 +265,10 @@ def test_when_haproxy_does_not_answer_the_last_file_stays_made_to_agree(where: d
     Path(where["config"]).write_text(config({"s1": 9011, "s2": 9002}))
     Path(where["file"]).write_text(HEADER + line("s1", 9001, admin=8) + "\n" + line("s2", 9002, admin=1) + "\n")
     # no HAProxy on the socket (gone before the stop command), then a start's --reconcile: the same result
-    notes = state.run(["save", where["socket"], where["file"], where["config"]])
+    notes = notes_of(["save", where["socket"], where["file"], where["config"]])
     assert Path(where["file"]).read_text() == HEADER + line("s1", 9011, op=0, admin=8, health=0) + "\n" + line("s2", 9002, admin=1) + "\n"
     assert notes == [f"{where['file']}: be_a/s1: 127.0.0.1:9001 -> 127.0.0.1:9011, kept drained, DOWN until its checks pass"]
-    assert state.run(["x", "--reconcile", where["file"], where["config"]]) == []  # already agrees: nothing to say
+    assert notes_of(["x", "--reconcile", where["file"], where["config"]]) == []  # already agrees: nothing to say
 
 
 def test_an_answer_that_is_not_a_dump_leaves_the_last_file(where: dict[str, str]) -> None:
@@ -266,7 +277,7 @@ def test_an_answer_that_is_not_a_dump_leaves_the_last_file(where: dict[str, str]
     Path(where["file"]).write_text(kept)
     fake = served(where["socket"], "Permission denied\n")
     try:
-        assert state.run(["save", where["socket"], where["file"], where["config"]]) == []
+        assert notes_of(["save", where["socket"], where["file"], where["config"]]) == []
     finally:
         fake.close()
     assert Path(where["file"]).read_text() == kept
@@ -274,10 +285,10 @@ def test_an_answer_that_is_not_a_dump_leaves_the_last_file(where: dict[str, str]
 
 def test_nothing_to_save_and_nothing_written(where: dict[str, str]) -> None:
     Path(where["config"]).write_text(config({"s1": 9001}))
-    assert state.run(["x", "--reconcile", where["file"], where["config"]]) == [f"{where['file']}: no server state to save"]
+    assert notes_of(["x", "--reconcile", where["file"], where["config"]]) == [f"{where['file']}: no server state to save"]
     assert not Path(where["file"]).exists()
     Path(where["file"]).write_text("garbage\n")
-    assert state.run(["x", "--reconcile", where["file"], where["config"]]) == [f"{where['file']}: no server state to save"]
+    assert notes_of(["x", "--reconcile", where["file"], where["config"]]) == [f"{where['file']}: no server state to save"]
     assert Path(where["file"]).read_text() == "garbage\n"
 
 
@@ -285,14 +296,15 @@ def test_a_file_that_already_agrees_is_not_rewritten(where: dict[str, str]) -> N
     Path(where["config"]).write_text(config({"s1": 9001}))
     Path(where["file"]).write_text(HEADER + line("s1", 9001) + "\n")
     os.utime(where["file"], (1_000_000, 1_000_000))
-    assert state.run(["x", "--reconcile", where["file"], where["config"]]) == []
+    assert notes_of(["x", "--reconcile", where["file"], where["config"]]) == []
     assert os.stat(where["file"]).st_mtime == 1_000_000
 
 
 @pytest.mark.parametrize("argv", [["x"], ["x", "/s"], ["x", "--reconcile", "/f"], ["x", "--reconcile", "/f", "/c", "/d"],
                                   ["x", "-s", "/f", "/c"], ["x", "--other", "/f", "/c"], ["x", "/s", "/f", "/c", "/d"]])  # fmt: skip
 def test_a_command_line_it_does_not_know_changes_nothing(argv: list[str]) -> None:
-    assert state.run(argv) == ["usage: d3-haproxy-save-state SOCKET FILE [CONFIG] | --reconcile FILE CONFIG"]
+    assert state.run(argv) == (2, ["usage: d3-haproxy-save-state SOCKET FILE [CONFIG] | --reconcile FILE CONFIG"
+                                   " | --reload SOCKET FILE CONFIG MAINPID -- CHECK..."])
 
 
 def test_the_write_is_atomic_and_leaves_no_temporary_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -308,7 +320,7 @@ def test_the_write_is_atomic_and_leaves_no_temporary_on_failure(tmp_path: Path, 
     assert target.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["server-state"]
 
 
-def test_main_prints_its_notes_on_stderr_and_never_fails(where: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+def test_main_prints_its_notes_on_stderr_and_fails_only_on_a_wrong_command_line(where: dict[str, str], monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     Path(where["config"]).write_text(config({"s1": 9011}))
     Path(where["file"]).write_text(HEADER + line("s1", 9001) + "\n")
@@ -318,7 +330,7 @@ def test_main_prints_its_notes_on_stderr_and_never_fails(where: dict[str, str], 
     assert out.out == ""
     assert out.err == f"{where['file']}: be_a/s1: 127.0.0.1:9001 -> 127.0.0.1:9011, dropped (starts as configured)\n"
     monkeypatch.setattr(sys, "argv", ["d3-haproxy-save-state"])
-    assert state.main() == 0 and capsys.readouterr().err.startswith("usage:")
+    assert state.main() == 2 and capsys.readouterr().err.startswith("usage:")
 
 
 def test_the_installed_helper_runs_as_a_script(where: dict[str, str]) -> None:
@@ -412,15 +424,184 @@ def test_run_asks_haproxy_only_to_save_and_gives_it_ten_seconds(where: dict[str,
     monkeypatch.setattr(state, "ask", lambda *a: asked.append(a) or HEADER)
     Path(where["config"]).write_text(config({"s1": 9001}))
     Path(where["file"]).write_text(HEADER)
-    state.run(["x", "--reconcile", where["file"], where["config"]])
+    notes_of(["x", "--reconcile", where["file"], where["config"]])
     assert asked == []  # a start: HAProxy is not running, nothing to ask
-    state.run(["x", where["socket"], where["file"], where["config"]])
+    notes_of(["x", where["socket"], where["file"], where["config"]])
     assert asked == [(where["socket"], "show servers state", 10.0)]
 
 
 def test_a_save_that_cannot_be_written_never_fails(where: dict[str, str]) -> None:
     fake = served(where["socket"], HEADER + line("s1", 9001) + "\n")
     try:
-        assert state.run(["x", where["socket"], where["file"] + ".d/none/server-state"]) == []
+        target = where["file"] + ".d/none/server-state"
+        assert notes_of(["x", where["socket"], target]) == [f"{target}.lock: No such file or directory, saving without the lock"]
     finally:
         fake.close()
+
+
+# --- the lock, the reload and the disk ------------------------------------------------------------------------------
+
+
+class Clock:
+    """A monotonic clock that moves only when the code sleeps."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 50.0, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_the_lock_is_had_by_one_holder_at_a_time_and_given_up_after_its_wait(tmp_path: Path) -> None:
+    target = str(tmp_path / "server-state")
+    clock = Clock()
+    with state.locked(target) as first:
+        # flock is per open file: a second open in this same process is a second holder
+        with state.locked(target, wait=2.0, clock=clock, sleep=clock.sleep) as second:
+            assert (first, second) == (True, False)
+        assert 2.0 <= sum(clock.sleeps) < 2.0 + 2 * state.POLL_S and set(clock.sleeps) == {state.POLL_S}
+    with state.locked(target, wait=0) as again:  # released when the block ended
+        assert again
+    assert state.lock_path(target) == target + ".lock" and stat.S_IMODE(os.stat(target + ".lock").st_mode) == 0o600
+    with pytest.raises(OSError), state.locked(str(tmp_path / "none" / "server-state")):
+        pass
+
+
+class Reloading(OneLineSocket):
+    """The stats socket through a reload: ``show info`` names the worker that answers (``Pid: N``), ``show servers
+    state`` the dump; each answer records whether the lock was held by another open file then."""
+
+    def __init__(self, path: str, lock: str, dump: str) -> None:
+        super().__init__(path)
+        self.lock, self.dump, self.pid, self.seen = lock, dump, 111, []
+        self.thread.start()
+
+    def answer(self, command: str) -> str:
+        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = False
+        except BlockingIOError:
+            held = True
+        finally:
+            os.close(fd)
+        self.seen.append((command, held))
+        if command == "show info":
+            return f"Name: HAProxy\nVersion: 3.0.11-1+deb13u4\nPid: {self.pid}\nProcess_num: 1\n"
+        return self.dump if command == "show servers state" else "Unknown command.\n"
+
+
+def test_a_reload_saves_checks_signals_and_holds_the_lock_until_a_new_worker_answers(
+        where: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    Path(where["config"]).write_text(config({"s1": 9001}))
+    dump = HEADER + line("s1", 9001, admin=8) + "\n"
+    fake = Reloading(where["socket"], where["file"] + ".lock", dump)
+    signals: list[tuple[int, int]] = []
+    answers_after = iter([111, 111, 222])  # the old worker answers twice more, then the new one
+
+    def kill(pid: int, sig: int) -> None:
+        signals.append((pid, sig))
+
+    def answer(command: str) -> str:
+        if command == "show info" and signals:
+            fake.pid = next(answers_after)
+        return Reloading.answer(fake, command)
+
+    fake.answer = answer  # type: ignore[method-assign]
+    monkeypatch.setattr(state.os, "kill", kill)
+    mark = Path(where["file"] + ".checked")
+    check = [sys.executable, "-c", f"import os; open({str(mark)!r}, 'w').write(str(os.path.exists({where['file']!r})))"]
+    clock = Clock()
+    try:
+        status, notes = state.reload(where["socket"], where["file"], where["config"], 4242, check, 5, clock, clock.sleep)
+    finally:
+        fake.close()
+    assert (status, notes) == (0, [])
+    assert mark.read_text() == "True" and Path(where["file"]).read_text() == dump  # saved before the check ran
+    assert signals == [(4242, signal.SIGUSR2)]
+    # every question asked under the lock, the pid before the signal, then until one that was not there before
+    assert fake.seen == [("show servers state", True), ("show info", True), ("show info", True), ("show info", True),
+                         ("show info", True)]  # fmt: skip
+    assert clock.sleeps == [state.POLL_S, state.POLL_S]
+    with state.locked(where["file"], wait=0) as free:
+        assert free
+
+
+def test_a_refused_configuration_fails_the_reload_and_sends_no_signal(where: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = Reloading(where["socket"], where["file"] + ".lock", HEADER)
+    signals: list[object] = []
+    monkeypatch.setattr(state.os, "kill", lambda *a: signals.append(a))
+    check = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    try:
+        status, notes = state.reload(where["socket"], where["file"], "", 4242, check)
+    finally:
+        fake.close()
+    assert status == 3 and signals == [] and notes == [f"{' '.join(check)}: exit status 3, no reload"]
+    assert [c for c, _ in fake.seen] == ["show servers state"]
+
+
+def test_a_reload_whose_new_worker_never_answers_gives_the_lock_up_and_says_so(where: dict[str, str],
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    fake = Reloading(where["socket"], where["file"] + ".lock", HEADER)
+    monkeypatch.setattr(state.os, "kill", lambda *a: None)
+    clock = Clock()
+    try:
+        status, notes = state.reload(where["socket"], where["file"], "", 4242, ["true"], 5, clock, clock.sleep)
+    finally:
+        fake.close()
+    assert status == 0 and notes == [f"{where['socket']}: no new worker answered 30 s after the reload (still 111): "
+                                     "look at journalctl -u haproxy"]  # fmt: skip
+    assert state.NEW_WORKER_WAIT_S <= sum(clock.sleeps) < state.NEW_WORKER_WAIT_S + 2 * state.POLL_S
+    # no HAProxy at all: none answers, said so
+    clock = Clock()
+    status, notes = state.reload(where["socket"], where["file"], "", 4242, ["true"], 5, clock, clock.sleep)
+    assert notes[-1] == f"{where['socket']}: no new worker answered 30 s after the reload (still none): look at journalctl -u haproxy"
+
+
+def test_a_reload_without_a_master_to_signal_fails(where: dict[str, str]) -> None:
+    child = subprocess.Popen(["true"])  # a pid that no longer runs: a finished (and reaped) child's
+    child.wait()
+    status, notes = state.reload(where["socket"], where["file"], "", child.pid, ["true"], 1)
+    assert status == 1 and notes[-1].startswith("reload: [Errno 3]")
+    status, notes = state.reload(where["socket"], where["file"], "", child.pid, [where["file"] + ".no-such-binary"], 1)
+    assert status == 1 and notes[-1].startswith("reload: [Errno 2]")
+
+
+def test_the_command_line_runs_a_reload_and_returns_its_status(where: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[object, ...]] = []
+    monkeypatch.setattr(state, "reload", lambda *a: asked.append(a) or (7, ["x"]))
+    argv = ["h", "--reload", where["socket"], where["file"], where["config"], "4242", "--", "/usr/sbin/haproxy", "-c"]
+    assert state.run(argv) == (7, ["x"])
+    assert asked == [(where["socket"], where["file"], where["config"], 4242, ["/usr/sbin/haproxy", "-c"], 10.0)]
+    for bad in (argv[:7], [*argv[:5], "pid", *argv[6:]], [*argv[:6], "-", *argv[7:]]):
+        assert state.run(bad)[0] == 2
+    assert len(asked) == 1
+
+
+def test_the_file_and_its_directory_are_on_the_disk_before_the_write_returns(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A power loss after the rename must not leave an empty file (every server would start ready)."""
+    synced: list[str] = []
+    real_replace = os.replace
+    monkeypatch.setattr(state.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    monkeypatch.setattr(state.os, "replace", lambda a, b: synced.append("rename") or real_replace(a, b))
+    state.write(str(tmp_path / "server-state"), "x\n")
+    temporary, rename, directory = synced
+    assert os.path.dirname(temporary) == str(tmp_path) and temporary != str(tmp_path / "server-state")
+    assert (rename, directory) == ("rename", str(tmp_path))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_set_racing_a_reload_was_lost_before_and_holds_under_the_lock(version: str) -> None:
+    """tests/contracts/haproxy/reload-race.json: the real HAProxy, the old drop-in against the helper's --reload and
+    the module's lock (the helper as it is now: a change to the lock or the wait needs the loopback run again)."""
+    race = json.loads((ROOT / "tests/contracts/haproxy/reload-race.json").read_text())
+    before, helper = race["captures"][version]["before"], race["captures"][version]["helper"]
+    assert before["drain_lost"] > 0 and before["ready_lost"] > 0  # a drain came back UP, a give-back came back DRAIN
+    assert {lost["after"] for lost in before["lost"] if lost["kind"] == "drain"} == {"UP"}
+    assert {lost["after"] for lost in before["lost"] if lost["kind"] == "ready"} == {"DRAIN"}
+    assert (helper["drain_lost"], helper["ready_lost"], helper["lost"]) == (0, 0, []) and race["tries_per_kind"] == 40

@@ -3,8 +3,9 @@ role's template task renders it: every reload, restart and stop saves the server
 files/d3-haproxy-save-state, plugins/module_utils/d3_server_state.py), made to agree with the configuration the next
 worker loads, and every start makes the saved file agree with it, so an operator's `systemctl reload haproxy` keeps
 the drains as the role's reload does and a moved port is reached (tests/test_router_server_state.py).
-The package's own reload lines come back unchanged after the save: checked against upstream's unit
-(tests/contracts/haproxy/haproxy.service.in, @SBINDIR@ = /usr/sbin as on Debian)."""
+The package's own reload is run by the helper under the lock that orders it with the module's changes (its check
+line verbatim, then SIGUSR2 to $MAINPID): checked against upstream's unit (tests/contracts/haproxy/haproxy.service.in,
+@SBINDIR@ = /usr/sbin as on Debian)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,14 @@ def test_every_reload_saves_the_state_first_then_runs_the_packages_own_reload() 
     lines = render()
     assert lines[0] == "[Service]"
     reload = [line for line in lines if line.startswith("ExecReload=")]
-    # emptied (a drop-in cannot prepend), the save, then upstream's two lines verbatim and in order
-    assert reload == ["ExecReload=", f"ExecReload={save}", *upstream("ExecReload")]
-    assert len(upstream("ExecReload")) == 2
+    check, kill = upstream("ExecReload")
+    # emptied (a drop-in cannot prepend), then one command under the lock: the save, upstream's check verbatim after
+    # `--`, and its SIGUSR2 to $MAINPID (d3_server_state.reload runs the check's line as the package runs it)
+    assert kill == "ExecReload=/bin/kill -USR2 $MAINPID"
+    helper, _, package = reload[1].partition(" -- ")
+    assert reload == ["ExecReload=", reload[1]] and f"ExecReload={package}" == check
+    assert helper == (f"ExecReload={v['_d3_router_save_state']} --reload {v['d3_router_stats_socket']} "
+                      f"{v['_d3_router_state_file']} $CONFIG $MAINPID")  # fmt: skip
     # a restart or stop saves too; the package has no ExecStop= of its own to keep
     assert [line for line in lines if line.startswith("ExecStop=")] == [f"ExecStop={save}"]
     assert upstream("ExecStop") == []
@@ -52,7 +58,7 @@ def test_every_reload_saves_the_state_first_then_runs_the_packages_own_reload() 
         f"ExecStartPre={v['_d3_router_save_state']} --reconcile {v['_d3_router_state_file']} $CONFIG"]
     assert upstream("ExecStartPre") == ["ExecStartPre=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS"]
     assert 'Environment="CONFIG=/etc/haproxy/haproxy.cfg"' in CONTRACT.read_text()
-    assert len(lines) == 1 + 4 + 1 + 1  # nothing else is overridden
+    assert len(lines) == 1 + 2 + 1 + 1  # nothing else is overridden
 
 
 def test_the_socket_and_the_file_are_the_roles_and_the_helper_is_the_role_file() -> None:

@@ -23,20 +23,39 @@ with the server of the same backend and name in the configuration:
   drain or the maintenance stays and the server is DOWN until its checks pass at the new port;
 - a server the configuration no longer has, and every line HAProxy would not read (a wrong field count): dropped.
 
-Usage (never fails: a reload goes ahead either way):
+One lock, FILE + ``.lock`` (``lock_path``), orders every save and every change of a server's state. A reload saves
+the state, checks the configuration and signals the master; the new worker reads the file while it starts, before it
+binds (haproxy.c: ``apply_server_state()`` before ``protocol_bind_all()``, v2.6.0 and v3.0.0). A ``set server`` in
+that window reached the old worker only and was lost (a drain came back ready, a ``ready`` came back DRAIN: the
+HAProxy maintainer's review, Debian's 2.6.12 and 3.0.11 on loopback; tests/contracts/haproxy/reload-race.json). So
+``--reload`` holds the lock from its save until the stats socket is answered by a worker that was not there before the
+signal (``show info``'s ``Pid``: a worker answers only once it runs, after it read the file), and the module
+haproxy_runtime holds it around its ``set server`` and its own save: a change lands either before the reload's save
+(the file has it) or after the new worker runs (the new worker gets it).
+
+Usage:
     d3-haproxy-save-state SOCKET FILE [CONFIG]   save ``show servers state`` to FILE, made to agree with CONFIG
     d3-haproxy-save-state --reconcile FILE CONFIG   make FILE agree with CONFIG (before a start)
-When the state cannot be read (HAProxy gone), FILE stays and is made to agree with CONFIG.
+    d3-haproxy-save-state --reload SOCKET FILE CONFIG MAINPID -- CHECK...   under the lock: save, run CHECK (the
+        package's ``haproxy -c`` line), then SIGUSR2 to the master MAINPID and wait for the new worker (haproxy.service's
+        reload; exits with CHECK's status when the configuration is refused, as the package's reload does, else 0)
+The saves never fail: when the state cannot be read (HAProxy gone), FILE stays and is made to agree with CONFIG; when
+the lock is not had within LOCK_WAIT_S the save or the reload goes ahead without it and says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import os
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 
 VERSION = "1"
 # include/haproxy/server-t.h SRV_STATE_FILE_FIELD_NAMES, the same at v2.6.0 and v3.0.0
@@ -49,6 +68,9 @@ BE_NAME, SRV_NAME, SRV_ADDR, OP_STATE, ADMIN_STATE = 1, 3, 4, 5, 6
 CHECK_HEALTH, SRV_PORT = 12, 18
 FMAINT, FDRAIN = 0x01, 0x08  # SRV_ADMF_FMAINT, SRV_ADMF_FDRAIN: `set server ... state maint|drain`
 STOPPED = "0"  # SRV_ST_STOPPED
+LOCK_WAIT_S = 30.0  # a reload holds the lock about 0.1-2 s (save, haproxy -c, a new worker's start: docs/router.md)
+NEW_WORKER_WAIT_S = 30.0  # a reload whose new worker never answers (its start failed) gives the lock up after this
+POLL_S = 0.01
 SECTIONS = {"global", "defaults", "frontend", "backend", "listen", "peers", "resolvers", "userlist", "program",
             "http-errors", "ring", "cache", "mailers", "crt-store", "traces", "log-forward"}  # fmt: skip
 
@@ -139,26 +161,83 @@ def read(path: str) -> str | None:
 
 
 def write(path: str, text: str) -> None:
-    """Through a temporary file of its own in the same directory and a rename (the module's save may run at once)."""
-    handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path) or ".")
+    """Through a temporary file of its own in the same directory, written to the disk (``fsync``), then a rename and the
+    directory written to the disk: after a power loss the file is the old one or the new one, never empty (an empty
+    file would start every server ready, and the rollout's drain records would give its drains back)."""
+    directory = os.path.dirname(path) or "."
+    handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=directory)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     finally:
         with contextlib.suppress(OSError):
             os.remove(temporary)
 
 
-def run(argv: list[str], timeout: float = 10.0) -> list[str]:
-    """What the command line asks (module docstring); returns the lines to print."""
-    if len(argv) == 4 and argv[1] == "--reconcile":
-        sock, path, config = "", argv[2], argv[3]
-    elif len(argv) in (3, 4) and not argv[1].startswith("-"):
-        sock, path, config = argv[1], argv[2], argv[3] if len(argv) == 4 else ""
-    else:
-        return ["usage: d3-haproxy-save-state SOCKET FILE [CONFIG] | --reconcile FILE CONFIG"]
+def lock_path(state_file: str) -> str:
+    """The lock that orders the saves of ``state_file`` and the changes of the servers' states (module docstring)."""
+    return state_file + ".lock"
+
+
+@contextlib.contextmanager
+def locked(state_file: str, wait: float = LOCK_WAIT_S, clock: Callable[[], float] = time.monotonic,
+           sleep: Callable[[float], None] = time.sleep) -> Iterator[bool]:  # fmt: skip
+    """Hold ``lock_path(state_file)`` (``flock``, exclusive; the file root's only, 0600) for the ``with`` block; yields
+    True when held, False when another holder kept it ``wait`` seconds (the caller decides). Released when the block
+    ends, or when the process dies (a killed holder never leaves it taken). OSError when the lock cannot be opened."""
+    fd = os.open(lock_path(state_file), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = clock() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if clock() >= deadline:
+                    held = False
+                    break
+                sleep(POLL_S)
+        yield held
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def held_or_not(path: str, doing: str, clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep) -> Iterator[list[str]]:  # fmt: skip
+    """The helper's lock: a save or a reload never waits longer than LOCK_WAIT_S for it, and never fails for want of
+    it; yields the note to print when it goes ahead without it."""
+    with contextlib.ExitStack() as stack:
+        try:
+            held = stack.enter_context(locked(path, clock=clock, sleep=sleep))
+            notes = [] if held else [f"{lock_path(path)}: still held after {LOCK_WAIT_S:.0f} s, {doing} without it"]
+        except OSError as exc:
+            notes = [f"{lock_path(path)}: {exc.strerror or exc}, {doing} without the lock"]
+        yield notes
+
+
+def worker_pid(sock: str, timeout: float) -> int | None:
+    """The pid of the worker that answers the stats socket (``show info``'s ``Pid:``), None when none answers."""
+    with contextlib.suppress(OSError):
+        for line in ask(sock, "show info", timeout).splitlines():
+            if line.startswith("Pid:") and line.split()[1:2] and line.split()[1].isdigit():
+                return int(line.split()[1])
+    return None
+
+
+def save(sock: str, path: str, config: str, timeout: float) -> list[str]:
+    """Save ``show servers state`` (or, HAProxy gone, the last file) to ``path``, made to agree with ``config``; the
+    lines to print."""
     state = None
     if sock:
         with contextlib.suppress(OSError):
@@ -180,10 +259,52 @@ def run(argv: list[str], timeout: float = 10.0) -> list[str]:
     return notes
 
 
+def reload(sock: str, path: str, config: str, mainpid: int, check: list[str], timeout: float = 10.0,
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> tuple[int, list[str]]:  # fmt: skip
+    """haproxy.service's reload under the lock (module docstring): (exit status, lines to print)."""
+    with held_or_not(path, "reloading", clock, sleep) as notes:
+        notes += save(sock, path, config, timeout)
+        try:
+            status = subprocess.run(check, check=False).returncode  # the package's check: its messages to the journal
+            if status == 0:
+                before = worker_pid(sock, timeout)
+                os.kill(mainpid, signal.SIGUSR2)
+        except OSError as exc:
+            return 1, [*notes, f"reload: {exc}"]
+        if status:
+            return status, [*notes, f"{' '.join(check)}: exit status {status}, no reload"]
+        deadline = clock() + NEW_WORKER_WAIT_S
+        while (now := worker_pid(sock, timeout)) is None or now == before:
+            if clock() >= deadline:
+                return 0, [*notes, f"{sock}: no new worker answered {NEW_WORKER_WAIT_S:.0f} s after the reload "
+                           f"(still {now or 'none'}): look at journalctl -u haproxy"]  # fmt: skip
+            sleep(POLL_S)
+    return 0, notes
+
+
+USAGE = ("usage: d3-haproxy-save-state SOCKET FILE [CONFIG] | --reconcile FILE CONFIG"
+         " | --reload SOCKET FILE CONFIG MAINPID -- CHECK...")  # fmt: skip
+
+
+def run(argv: list[str], timeout: float = 10.0) -> tuple[int, list[str]]:
+    """What the command line asks (module docstring); returns the exit status and the lines to print."""
+    if len(argv) > 7 and argv[1] == "--reload" and argv[6] == "--" and argv[5].isdigit():
+        return reload(argv[2], argv[3], argv[4], int(argv[5]), argv[7:], timeout)
+    if len(argv) == 4 and argv[1] == "--reconcile":
+        sock, path, config = "", argv[2], argv[3]
+    elif len(argv) in (3, 4) and not argv[1].startswith("-"):
+        sock, path, config = argv[1], argv[2], argv[3] if len(argv) == 4 else ""
+    else:
+        return 2, [USAGE]
+    with held_or_not(path, "saving") as notes:
+        return 0, notes + save(sock, path, config, timeout)
+
+
 def main() -> int:
-    for line in run(sys.argv):
+    status, lines = run(sys.argv)
+    for line in lines:
         print(line, file=sys.stderr)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -26,10 +26,17 @@ description:
     so it would be V(UP 1/2), taking new requests, until its first check failed; it stays V(DOWN), and ramps up over
     C(slowstart) when its checks pass (tests/contracts/haproxy/giveback-down.json).
   - After it changed a server's state, it writes C(show servers state) (doc/management.txt) to O(state_file), the file
-    HAProxy's C(server-state-file) names, through a temporary file and a rename, so that a start after an unclean
-    stop (C(kill -9), a crash) or a reload that bypasses the service's own save applies the states as they are now,
-    never an older drain. When the state cannot be read it removes the file (an older state must not be applied) and
-    says so in C(state_saved) and a warning; the change itself stands.
+    HAProxy's C(server-state-file) names, through a temporary file written to the disk and a rename, so that a start
+    after an unclean stop (C(kill -9), a crash, a power loss) or a reload that bypasses the service's own save applies
+    the states as they are now, never an older drain. When the state cannot be read it removes the file (an older
+    state must not be applied) and says so in C(state_saved) and a warning; the change itself stands.
+  - Its C(set server) commands and that save are made under the lock O(state_file)C(.lock) that the d3_router role's
+    reload holds from its own save until the new worker runs (module_utils/d3_server_state.py), so a change is never
+    sent in between, where the old worker alone would get it and the new one would start from the file without it.
+    It fails, sending nothing, when the lock is not had within 30 s. Without O(state_file), no lock.
+  - While it waits, it checks on every read that the servers are still in O(state) (V(DRAIN) or V(MAINT) for a drain,
+    not V(DRAIN) or V(MAINT) for V(ready)); a server that left it (a reload that bypassed the lock, another tool) is set
+    again, and named in C(reapplied).
   - With O(wait), polls C(show stat) every O(poll) seconds until the O(servers) have no current session left (sum of
     C(scur) 0, for V(drain)) or are all V(UP) (for V(ready)), and fails after O(timeout) seconds naming the servers
     that are not there yet. Check mode does not wait.
@@ -162,6 +169,13 @@ workers_seen:
       with the most sessions seen on it (C({pid - sessions})); two pids mean a reload came during the wait.
   type: dict
   returned: success
+reapplied:
+  description:
+    - The servers (C(backend/server)) found out of O(state) during the wait and set again, each once per time it was
+      found so.
+  type: list
+  elements: str
+  returned: success
 waited_s:
   description: Seconds spent waiting (0 without O(wait)).
   type: float
@@ -183,7 +197,6 @@ error:
 import contextlib
 import os
 import re
-import tempfile
 import time
 from typing import Any
 
@@ -197,8 +210,16 @@ from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import (
     worker_pids,
 )
 
-# one command on a socket (half-closed after the line, as socat does): the save-state helper's, one place
-from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_server_state import ask
+# one command on a socket (half-closed after the line, as socat does), the file written to the disk and the lock
+# that orders changes with the reload: the save-state helper's, one place
+from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_server_state import (
+    LOCK_WAIT_S,
+    ask,
+    is_state,
+    lock_path,
+    locked,
+    write,
+)
 
 # the d3_input_problems filter's 'path' rule (plugins/filter/d3_inputs.py): /dir/name, no .. or . components
 PLAIN_PATH = re.compile(r"\A(/[A-Za-z0-9_.@+-]+)+\Z")
@@ -266,28 +287,48 @@ def read_stat(p: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 
 def save_state(p: dict[str, Any]) -> str:
-    """``show servers state`` (its first line: the format version, 1) written to ``state_file`` through a temporary
-    file in the same directory and a rename; the file removed when the state cannot be read or written. Returns the
-    path written, or "" (nothing written, the file removed)."""
+    """``show servers state`` (a version 1 dump) written to ``state_file`` through a temporary file in the same
+    directory, ``fsync`` and a rename (d3_server_state.write); the file removed when the state cannot be read or
+    written. Returns the path written, or "" (nothing written, the file removed)."""
     target = p["state_file"]
-    temporary = ""
     try:
         text = ask(p["socket"], "show servers state", p["connect_timeout"])
-        if text.split("\n", 1)[0].strip() != "1":
+        if not is_state(text):
             raise ValueError(text[:100])
-        # a temporary file of its own: the reload's save (files/d3-haproxy-save-state) may run at the same moment
-        handle, temporary = tempfile.mkstemp(prefix=os.path.basename(target) + ".", dir=os.path.dirname(target) or ".")
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
+        write(target, text)
         return target
     except (OSError, ValueError):
-        for path in (temporary, target):
-            if path:
-                with contextlib.suppress(OSError):
-                    os.remove(path)
+        with contextlib.suppress(OSError):
+            os.remove(target)
         return ""
+
+
+def apply(p: dict[str, Any], where: str, todo: list[tuple[dict[str, Any], str]], state: str, clock: Any = time.monotonic,
+          sleep: Any = time.sleep) -> str:  # fmt: skip
+    """Set each (server, its show stat status) of ``todo`` to ``state`` and save, under the reload's lock; returns
+    the path saved (save_state)."""
+    with contextlib.ExitStack() as stack:
+        if p["state_file"]:
+            try:
+                held = stack.enter_context(locked(p["state_file"], clock=clock, sleep=sleep))
+            except OSError as exc:
+                raise Refusal(f"{where}: the lock {lock_path(p['state_file'])} cannot be opened: {exc}; nothing was "
+                              "set.", str(exc)) from None  # fmt: skip
+            if not held:
+                raise Refusal(f"{where}: the lock {lock_path(p['state_file'])} is still held after {LOCK_WAIT_S:.0f} s "
+                              "(a reload of HAProxy that does not end: systemctl status haproxy); nothing was set.")  # fmt: skip
+        for server, status in todo:
+            # ready through maint (slowstart applies to a server leaving maintenance, not to one leaving DRAIN), except
+            # for a DOWN server: leaving maint would make it UP until its first check (d3_haproxy.ready_steps)
+            for step in ready_steps(status) if state == "ready" else (state,):
+                command = set_command(server, step)
+                try:
+                    answer = ask(p["socket"], command, p["connect_timeout"])
+                except OSError as exc:
+                    raise Refusal(f"{where}: `{command}` failed: {exc}.") from None
+                if answer.strip():
+                    raise Refusal(f"{where}: `{command}` was refused: {' '.join(answer.split())[:200]}")
+        return save_state(p) if todo and p["state_file"] else ""
 
 
 def every_worker(p: dict[str, Any], where: str, servers: list[dict[str, Any]]) -> dict[int, dict[tuple[str, str], int] | None]:
@@ -328,6 +369,13 @@ def pending(rows: list[dict[str, Any]], state: str) -> list[str]:
     return [f"{r['backend']}/{r['server']} ({r['status']})" for r in rows if r["status"] != "UP"]
 
 
+def left_state(status: str, state: str) -> bool:
+    """Whether a server whose ``show stat`` status is ``status`` is known to have left ``state`` since it was set:
+    ready (UP, NOLB) when drained, drained or in maintenance when ready. DOWN says nothing (d3_haproxy.in_state)."""
+    word = status.split(" ")[0]
+    return word in ("UP", "NOLB") if state == "drain" else word in ("DRAIN", "MAINT")
+
+
 def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep: Any = time.sleep) -> dict[str, Any]:
     """The module's work; raises Refusal with the message to fail with."""
     router = p["router"] or p["socket"]
@@ -344,28 +392,23 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
     status = {(row["backend"], row["server"]): row["status"] for row in wanted}
     todo = [server for server, row in zip(p["servers"], wanted, strict=True) if state and not in_state(row["status"], state)]
     saved = ""
-    if not check_mode:
-        for server in todo:
-            # ready through maint (slowstart applies to a server leaving maintenance, not to one leaving DRAIN), except
-            # for a DOWN server: leaving maint would make it UP until its first check (d3_haproxy.ready_steps)
-            steps = ready_steps(status[(server["backend"], server["server"])]) if state == "ready" else (state,)
-            for step in steps:
-                command = set_command(server, step)
-                try:
-                    answer = ask(p["socket"], command, p["connect_timeout"])
-                except OSError as exc:
-                    raise Refusal(f"{where}: `{command}` failed: {exc}.") from None
-                if answer.strip():
-                    raise Refusal(f"{where}: `{command}` was refused: {' '.join(answer.split())[:200]}")
-        if todo and p["state_file"]:
-            saved = save_state(p)
+    if not check_mode and todo:
+        saved = apply(p, where, [(s, status[(s["backend"], s["server"])]) for s in todo], state, clock, sleep)
     waited = 0.0
     seen: dict[int, int] = {}
+    reapplied: list[str] = []
     if state and p["wait"] and not check_mode:
         start = clock()
         while True:
             rows = read_stat(p, where)
             wanted = select(rows, p["servers"])
+            # out of the state set (a reload that bypassed the lock, another tool): set again, and waited for again
+            lost = [(s, r["status"]) for s, r in zip(p["servers"], wanted, strict=True) if left_state(r["status"], state)]
+            if lost:
+                saved = apply(p, where, lost, state, clock, sleep) or saved
+                reapplied += [f"{s['backend']}/{s['server']}" for s, _ in lost]
+                rows = read_stat(p, where)
+                wanted = select(rows, p["servers"])
             unread: list[str] = []
             if state == "drain" and p.get("master_socket"):
                 by_worker = every_worker(p, where, p["servers"])
@@ -392,6 +435,7 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         "missing": missing,
         "changed_servers": [f"{s['backend']}/{s['server']}" for s in todo],
         "waited_s": waited,
+        "reapplied": reapplied,
         "workers_seen": seen,
         "state_saved": saved,
     }

@@ -443,3 +443,29 @@ def test_the_reader_before_the_fix_refused_what_vllm_reads() -> None:
             assert before[case] == ["not_json", None] and ENCODINGS["python"][case][0] == "ok"
         assert before["not UTF-8"][0] == "ok" and ENCODINGS["python"]["not UTF-8"][0] == "not_json"
         assert before["escaped surrogate pair"] != ENCODINGS["python"]["escaped surrogate pair"]
+
+
+def test_the_reader_before_the_strict_values_routed_what_vllm_refuses() -> None:
+    """The captures of the reader between 2026-12-04's fix and 2026-12-05's on both versions: the review's bodies,
+    which Python's json refuses, were routed (a missing comma, a lone minus, 'tru', '01', 2,000 levels of nesting);
+    after the fix both versions refuse them, and take what Python takes (NaN, Infinity, every form of number, 512
+    levels)."""
+    refused = [
+        "a missing comma in an array",
+        "a lone minus",
+        "true misspelt",
+        "a leading zero",
+        "2,000 levels of arrays",
+        "2,000 levels of objects",
+        "an integer of 4301 digits",
+        "a vertical tab as whitespace",
+    ]
+    taken = ["NaN, Infinity and -Infinity", "numbers of every form", "a float of 4301 digits", "512 levels (the reader's limit)"]
+    for version in ("2.6.12-1+deb12u4", "3.0.11-1+deb13u4"):
+        before, after = ENCODINGS["before_2026_12_05"][version], ENCODINGS["after"][version]
+        for case in refused:
+            assert ENCODINGS["python"][case] == after[case] == ["not_json", None] and before[case][0] == "ok", case
+        assert before["the model a number with a leading zero"] == ["model_not_string", None]
+        assert after["the model a number with a leading zero"] == ["not_json", None]
+        for case in taken:
+            assert ENCODINGS["python"][case] == after[case] == before[case] == ["ok", b"d3-lite".hex()], case

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def vllm_reads(body: bytes) -> tuple[str, str | None]:
     pairs: list[list[tuple[str, Any]]] = []
     try:
         value = json.loads(body, object_pairs_hook=lambda items: pairs.append(items) or dict(items))
-    except ValueError:
+    except (ValueError, RecursionError):  # too deep: FastAPI answers 400 for any exception but a JSONDecodeError
         return "not_json", None
     if not isinstance(value, dict):
         return "not_json", None
@@ -186,6 +187,222 @@ def test_a_large_body_is_read_in_one_pass(reader: Reader) -> None:
     assert reader.read(body) == ("ok", "d3-lite")
 
 
+# The review of 2026-12-05: the values inside the top-level object were skipped loosely (brackets counted, a number or
+# literal any run of letters, digits and signs), so bodies Python's json refuses were routed. Each of these the reader
+# before the fix routed (ok or model_not_string); Python's json, and now the reader, refuse them.
+STRICT_CASES = {
+    b'{"model": "m", "x": [1 2]}': "a missing comma in an array",
+    b'{"model": "m", "x": {"a": 1 "b": 2}}': "a missing comma in an object",
+    b'{"model": "m", "x": {"a" 1}}': "a missing colon",
+    b'{"model": "m", "x": {"a": 1,}}': "a trailing comma in an object",
+    b'{"model": "m", "x": [1,]}': "a trailing comma in an array",
+    b'{"model": "m", "x": [,1]}': "a leading comma",
+    b'{"model": "m", "x": [1,,2]}': "two commas",
+    b'{"model": "m", "x": {1: 2}}': "a key that is not a string",
+    b'{"model": "m", "x": {"a"}}': "a key without a value",
+    b'{"model": "m", "x": -}': "a lone minus",
+    b'{"model": "m", "x": tru}': "true misspelt",
+    b'{"model": "m", "x": True}': "Python's True",
+    b'{"model": "m", "x": nul}': "null misspelt",
+    b'{"model": "m", "x": falsey}': "false and more letters",
+    b'{"model": "m", "x": 01}': "a leading zero",
+    b'{"model": "m", "x": -01}': "a leading zero after a minus",
+    b'{"model": "m", "x": 1.}': "a point without digits",
+    b'{"model": "m", "x": .5}': "digits without an integer part",
+    b'{"model": "m", "x": 1e}': "an exponent without digits",
+    b'{"model": "m", "x": 1e+}': "an exponent's sign without digits",
+    b'{"model": "m", "x": +1}': "a plus sign",
+    b'{"model": "m", "x": 0x10}': "hexadecimal",
+    b'{"model": "m", "x": 1-2}': "a minus inside a number",
+    b'{"model": "m", "x": 1.5.5}': "two points",
+    b'{"model": "m", "x": -NaN}': "a minus before NaN",
+    b'{"model": "m", "x": nan}': "NaN in lower case",
+    b'{"model": "m", "x": infinity}': "Infinity in lower case",
+    b'{"model": "m", "x": Inf}': "Infinity cut short",
+    b'{"model": "m", "x": [1\x0b]}': "a vertical tab as whitespace",
+    b'{"model": "m", "x": [1\x0c]}': "a form feed as whitespace",
+    '{"model": "m", "x": [1\u00a0]}'.encode(): "a no-break space as whitespace",
+    b'{"model": "m", "x": ' + b"1" * 4301 + b"}": "an integer of 4301 digits (Python's int limit)",
+    b'{"model": ' + b"1" * 4301 + b"}": "the model an integer of 4301 digits",
+    b'{"model": 01}': "the model a number with a leading zero",
+    b'{"model": tru}': "the model true misspelt",
+    b'{"model": [1 2]}': "the model an array without its comma",
+    b'{"model": "m", "x": ' + b"[" * 2000 + b"]" * 2000 + b"}": "2,000 levels of arrays (RecursionError in Python)",
+    b'{"model": "m", "x": ' + b'{"a":' * 2000 + b"1" + b"}" * 2000 + b"}": "2,000 levels of objects",
+}
+
+
+@pytest.mark.parametrize("body", list(STRICT_CASES), ids=list(STRICT_CASES.values()))
+def test_a_value_pythons_json_refuses_is_refused(reader: Reader, body: bytes) -> None:
+    assert vllm_reads(body) == ("not_json", None)
+    assert reader.read(body) == ("not_json", None)
+
+
+# what Python's json takes, each beside a near twin it refuses: the reader draws the line where Python does
+TWINS = [
+    (b"NaN", b"-NaN"),
+    (b"Infinity", b"infinity"),
+    (b"-Infinity", b"-Infinit"),
+    (b"[NaN, Infinity, -Infinity]", b"[NaN, Infinity, +Infinity]"),
+    (b"0", b"00"),
+    (b"-0", b"-"),
+    (b"0.5", b"0."),
+    (b"-0.0e-0", b"-0.0e-"),
+    (b"1E+2", b"1E+"),
+    (b"1e5", b"1e5e5"),
+    (b"10", b"010"),
+    (b"123.456e78", b"123.456.78"),
+    (b"1" * 4300, b"1" * 4301),
+    (b"-" + b"1" * 4300, b"-" + b"1" * 4301),
+    (b"1" * 4301 + b".5", b"1" * 4301 + b"."),  # a float has no digit limit
+    (b"1" * 4301 + b"e5", b"1" * 4301 + b"e"),
+    (b"true", b"tru"),
+    (b"false", b"fals"),
+    (b"null", b"nil"),
+    (b"[]", b"[,]"),
+    (b"{}", b"{,}"),
+    (b"[ ]", b"[\x0b]"),
+    (b"{ \t\r\n}", b"{ \t\r\n,}"),
+    (b'{"a": [1, {"b": null}], "c": {}}', b'{"a": [1, {"b": null}], "c": {}'),
+    (b'[1, "2", [3], {"4": 5}]', b'[1, "2", [3], {"4": 5}'),
+    (b" [ 1 , 2 ] ", b" [ 1 , 2 , ] "),
+    (b'{"model": "nested"}', b'{"model" "nested"}'),
+    (b'"\\ud83d"', b'"\\ud83"'),
+    # refused by the reader before the fix too, and kept so: closers that do not pair, strings and keys inside
+    (b"[1]", b"[1}"),
+    (b'{"a": []}', b'{"a": [}}'),
+    (b"[[1]]", b"[[1]"),
+    (b'["a"]', b'["a\x01"]'),
+    (b'{"a\\n": 1}', b'{"a\\q": 1}'),
+    (b'["\\u0012"]', b'["\\u12"]'),
+]
+
+
+def test_values_python_takes_are_taken_and_their_near_twins_refused(reader: Reader) -> None:
+    for good, bad in TWINS:
+        for value, verdict in ((good, "ok"), (bad, "not_json")):
+            body = b'{"model": "m", "x": ' + value + b"}"
+            assert vllm_reads(body) == reader.read(body) == (verdict, "m" if verdict == "ok" else None), body[:80]
+
+
+MAX_DEPTH = 512  # the reader's (d3-router.lua's MAX_DEPTH)
+
+
+@pytest.mark.parametrize("open_, close", [(b"[", b"]"), (b'{"a": ', b"}")], ids=["arrays", "objects"])
+def test_nesting_deeper_than_the_readers_limit_is_refused(reader: Reader, open_: bytes, close: bytes) -> None:
+    """The reader nests MAX_DEPTH levels, the top-level object counting one, and refuses a body nested deeper. Python
+    reads deeper (993 on 3.11 from a bare script, 1497 on 3.12): between the two the router refuses what vLLM would
+    read, deliberately (no fixed limit matches Python's, which depends on the interpreter's recursion limits; D3's
+    requests are a few levels deep); far deeper, both refuse."""
+
+    def nested(levels: int) -> bytes:  # a body `levels` deep in all, the top-level object included
+        inner = levels - 1
+        return b'{"model": "m", "x": ' + open_ * inner + b"1" + close * inner + b"}"
+
+    assert reader.read(nested(MAX_DEPTH)) == vllm_reads(nested(MAX_DEPTH)) == ("ok", "m")
+    assert reader.read(nested(MAX_DEPTH + 1)) == ("not_json", None)
+    assert vllm_reads(nested(MAX_DEPTH + 1)) == ("ok", "m")  # Python still reads it: the one deliberate difference
+    assert reader.read(nested(2000)) == vllm_reads(nested(2000)) == ("not_json", None)
+    # a deep body that is wrong deep down is refused for that, below the limit too
+    assert reader.read(nested(300).replace(b"1", b"01", 1)) == ("not_json", None)
+    assert re.search(r"^local MAX_DEPTH = 512$", SCRIPT, re.M)
+
+
+def test_random_and_mutated_bodies_conclude_as_python_reads_them(reader: Reader) -> None:
+    """A differential fuzz: values of every JSON kind (NaN and Infinity too, odd numbers, whitespace, nesting), taken
+    whole, spliced from JSON-ish pieces, or with one character deleted, inserted or replaced; the reader's verdict and
+    model equal what Python's json concludes for each body."""
+    rng = random.Random(20261205)
+    pieces = [
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        '"a"',
+        '"model"',
+        '"m"',
+        "0",
+        "1",
+        "-",
+        ".",
+        "e",
+        "E",
+        "+",
+        "01",
+        "1.5",
+        "-0",
+        "1e5",
+        "true",
+        "tru",
+        "false",
+        "null",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        " ",
+        "\t",
+        "\n",
+        "\r",
+        "\x0b",
+        "\u00a0",
+        '"\\u00e9"',
+        '"\\ud83d"',
+        '"\\x"',
+        "\x01",
+    ]
+    alphabet = '{}[],:"\\ -+.0123456789eEaNIflnrstu\t\n\x0b'
+
+    def number() -> str:
+        text = rng.choice(["", "-"]) + rng.choice(["0", str(rng.randint(1, 10 ** rng.randint(1, 20)))])
+        if rng.random() < 0.4:
+            text += "." + str(rng.randint(0, 999))
+        if rng.random() < 0.3:
+            text += rng.choice("eE") + rng.choice(["", "+", "-"]) + str(rng.randint(0, 400))
+        return text
+
+    def value(depth: int) -> str:
+        kind = rng.choice(["str", "num", "num", "lit", "obj", "arr"] if depth < 5 else ["str", "num", "lit"])
+        space = rng.choice(["", "", " ", "\n", "\t ", "\r\n  "])
+        if kind == "str":
+            return json.dumps(rng.choice(["d3-lite", "}{", "a,b", "[1 2]", "\\", "\u00fc", "model", ""]), ensure_ascii=rng.random() < 0.5)
+        if kind == "num":
+            return number()
+        if kind == "lit":
+            return rng.choice(["true", "false", "null", "NaN", "Infinity", "-Infinity"])
+        if kind == "arr":
+            return "[" + space + ("," + space).join(value(depth + 1) for _ in range(rng.randint(0, 4))) + space + "]"
+        items = (json.dumps(rng.choice(["model", "a", "b"])) + space + ":" + space + value(depth + 1) for _ in range(rng.randint(0, 4)))
+        return "{" + space + ("," + space).join(items) + space + "}"
+
+    def body() -> str:
+        items = [(rng.choice(["state", "x", "q", "model"]), value(0)) for _ in range(rng.randint(0, 4))]
+        if rng.random() < 0.7:  # mostly a request vLLM would serve, so that its mutations matter
+            items.insert(rng.randint(0, len(items)), ("model", json.dumps(rng.choice(["d3-lite", "d3-\u00fc", "m"]))))
+        return "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in items) + "}"
+
+    verdicts: dict[str, int] = {}
+    for round_ in range(3000):
+        text = body()
+        way = round_ % 4
+        if way == 1:  # JSON-ish pieces as a value
+            text = '{"model": "m", "x": ' + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))) + "}"
+        elif way == 2:  # one character deleted
+            at = rng.randrange(len(text))
+            text = text[:at] + text[at + 1 :]
+        elif way == 3:  # one character inserted or replaced
+            at = rng.randrange(len(text))
+            text = text[:at] + rng.choice(alphabet) + text[at + rng.randint(0, 1) :]
+        data = text.encode()
+        expected = vllm_reads(data)
+        verdicts[expected[0]] = verdicts.get(expected[0], 0) + 1
+        assert reader.read(data) == expected, data
+    # every verdict came up, and refusals and acceptances both in numbers
+    assert set(verdicts) == {"ok", "not_json", "no_model", "duplicate_model", "model_not_string"}
+    assert verdicts["not_json"] > 600 and verdicts["ok"] > 600, verdicts
+
+
 @pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"])
 def test_every_encoding_pythons_json_detects_reads_as_its_utf_8(reader: Reader, encoding: str) -> None:
     """The same generated bodies, in each encoding json.detect_encoding tells apart (vLLM reads them all): the reader
@@ -226,3 +443,29 @@ def test_the_reader_before_the_fix_refused_what_vllm_reads() -> None:
             assert before[case] == ["not_json", None] and ENCODINGS["python"][case][0] == "ok"
         assert before["not UTF-8"][0] == "ok" and ENCODINGS["python"]["not UTF-8"][0] == "not_json"
         assert before["escaped surrogate pair"] != ENCODINGS["python"]["escaped surrogate pair"]
+
+
+def test_the_reader_before_the_strict_values_routed_what_vllm_refuses() -> None:
+    """The captures of the reader between 2026-12-04's fix and 2026-12-05's on both versions: the review's bodies,
+    which Python's json refuses, were routed (a missing comma, a lone minus, 'tru', '01', 2,000 levels of nesting);
+    after the fix both versions refuse them, and take what Python takes (NaN, Infinity, every form of number, 512
+    levels)."""
+    refused = [
+        "a missing comma in an array",
+        "a lone minus",
+        "true misspelt",
+        "a leading zero",
+        "2,000 levels of arrays",
+        "2,000 levels of objects",
+        "an integer of 4301 digits",
+        "a vertical tab as whitespace",
+    ]
+    taken = ["NaN, Infinity and -Infinity", "numbers of every form", "a float of 4301 digits", "512 levels (the reader's limit)"]
+    for version in ("2.6.12-1+deb12u4", "3.0.11-1+deb13u4"):
+        before, after = ENCODINGS["before_2026_12_05"][version], ENCODINGS["after"][version]
+        for case in refused:
+            assert ENCODINGS["python"][case] == after[case] == ["not_json", None] and before[case][0] == "ok", case
+        assert before["the model a number with a leading zero"] == ["model_not_string", None]
+        assert after["the model a number with a leading zero"] == ["not_json", None]
+        for case in taken:
+            assert ENCODINGS["python"][case] == after[case] == before[case] == ["ok", b"d3-lite".hex()], case

@@ -52,37 +52,127 @@ local function read_string(s, i)
     end
 end
 
--- the index after the JSON value starting at s[i]; nil when there is none
-local function skip_value(s, i)
-    local c = s:sub(i, i)
-    if c == '"' then
-        local _, after = read_string(s, i)
-        return after
+local function ws(s, i)
+    return s:find('[^ \t\r\n]', i) or #s + 1 -- JSON's whitespace: space, tab, CR, LF (Python's json.decoder.WHITESPACE)
+end
+
+-- the index after the JSON string starting at s[i] == '"', its escapes checked as read_string checks them but not
+-- decoded; nil when it is not a JSON string
+local function skip_string(s, i)
+    local j = i + 1
+    while true do
+        local k = s:find('["\\\0-\31]', j)
+        if not k then return nil end
+        local c = s:byte(k)
+        if c == 34 then return k + 1 end -- '"'
+        if c ~= 92 then return nil end -- a raw control character
+        if ESCAPES[s:sub(k + 1, k + 1)] then
+            j = k + 2
+        elseif escaped(s, k) then
+            j = k + 6 -- a surrogate's partner is the next escape, checked in its turn (a lone one is allowed)
+        else
+            return nil
+        end
     end
-    if c == '{' or c == '[' then
-        local depth, j = 0, i
-        while true do
-            local k = s:find('[{}%[%]"]', j)
-            if not k then return nil end
-            local d = s:sub(k, k)
-            if d == '"' then
-                local _, after = read_string(s, k)
-                if not after then return nil end
-                j = after
+end
+
+-- the index after the key, its colon and the whitespace before the value, in an object at s[i]; nil when there is none
+local function skip_key(s, i)
+    if s:byte(i) ~= 34 then return nil end -- '"'
+    i = skip_string(s, i)
+    if not i then return nil end
+    i = ws(s, i)
+    if s:byte(i) ~= 58 then return nil end -- ':'
+    return ws(s, i + 1)
+end
+
+-- Python's json (CPython's C scanner, _json.c) takes NaN, Infinity and -Infinity as numbers, spelled exactly so
+local LITERALS = { t = 'true', f = 'false', n = 'null', N = 'NaN', I = 'Infinity' }
+-- an integer of more digits than this is refused: CPython's int() from text is limited to 4300 digits by default
+-- (sys.int_info.default_max_str_digits, Python 3.11 and 3.12: ValueError); a number with a fraction or an exponent is
+-- a float and has no such limit
+local MAX_INT_DIGITS = 4300
+
+-- the index after the number or literal starting at s[i]; nil when there is none. JSON's number grammar as Python
+-- reads it, -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?, the longest such prefix: what follows is the caller's to
+-- check (after "01" the "1" is neither a comma nor a closing bracket, as in Python)
+local function skip_scalar(s, i)
+    local j = s:match('^%-?%d+()', i) -- the integer part
+    if not j then
+        local c = s:sub(i, i)
+        local literal = LITERALS[c]
+        if literal then
+            local after = i + #literal
+            return s:sub(i, after - 1) == literal and after or nil
+        end
+        return c == '-' and s:sub(i + 1, i + 8) == 'Infinity' and i + 9 or nil
+    end
+    local digits = j - i
+    if s:byte(i) == 45 then digits = digits - 1 end -- '-'
+    -- a leading 0 is the whole integer part: Python reads the 0 and then finds a digit where a comma or a bracket must be
+    if digits > 1 and s:byte(j - digits) == 48 then return nil end
+    local c = s:byte(j)
+    if c ~= 46 and c ~= 101 and c ~= 69 then -- neither '.' nor 'e' nor 'E': an integer
+        return digits <= MAX_INT_DIGITS and j or nil
+    end
+    local k = s:match('^%.%d+()', j) or j
+    return s:match('^[eE][%+%-]?%d+()', k) or k
+end
+
+-- How deep the reader nests, the top-level object counting 1: a body nested deeper is refused (not_json). Python's
+-- json has no limit of its own: its C scanner recurses once a level and fails with RecursionError where the
+-- interpreter says, not the body: on CPython 3.11.7 at the Python recursion limit (1000) less the frames already on
+-- the stack (992 levels from a bare script, fewer under a server's deeper call stack; 4993 after
+-- sys.setrecursionlimit(5000)), on 3.12.1 at its C recursion limit (1497 levels, whatever the Python limit and the
+-- stack), on 3.13.0 at 9998. No fixed number can match that, so the reader stops well below all of them: a body
+-- nested deeper than MAX_DEPTH is refused although vLLM might read it. D3's requests are a few levels deep (the state
+-- and the questions: objects of objects of strings).
+local MAX_DEPTH = 512
+
+-- the index after the JSON value starting at s[i], a value of the top-level object; nil when there is none. It checks
+-- the value as Python's json does (strings, numbers, literals, the commas and colons of arrays and objects) without
+-- recursing: the containers open around the value are a stack of the bytes that close them, '}' or ']'.
+local function skip_value(s, i)
+    local closers, n = {}, 0
+    while true do
+        local c, after = s:byte(i), nil -- a value starts at s[i]
+        if c == 123 or c == 91 then -- '{' or '['
+            if n + 2 > MAX_DEPTH then return nil end -- the top-level object, the n open here and this one
+            i = ws(s, i + 1)
+            if s:byte(i) == c + 2 then -- '}' or ']' at once: empty
+                after = i + 1
             else
-                depth = depth + ((d == '{' or d == '[') and 1 or -1)
-                if depth == 0 then return k + 1 end
-                j = k + 1
+                n = n + 1
+                closers[n] = c + 2
+                if c == 123 then
+                    i = skip_key(s, i)
+                    if not i then return nil end
+                end
+            end
+        else
+            after = (c == 34 and skip_string or skip_scalar)(s, i)
+            if not after then return nil end
+        end
+        if after then -- a value ends before s[after]: close what it closes, until a comma starts the next value
+            i = after
+            while true do
+                if n == 0 then return i end
+                i = ws(s, i)
+                local d = s:byte(i)
+                if d == 44 then -- ','
+                    i = ws(s, i + 1)
+                    if closers[n] == 125 then
+                        i = skip_key(s, i)
+                        if not i then return nil end
+                    end
+                    break
+                end
+                if d ~= closers[n] then return nil end
+                n = n - 1
+                i = i + 1
             end
         end
     end
-    local k = s:find('[,}%]%s]', i) or #s + 1 -- a number, true, false or null
-    if k == i or not s:sub(i, k - 1):match('^[%w%.%+%-]+$') then return nil end
-    return k
-end
-
-local function ws(s, i)
-    return s:find('[^ \t\r\n]', i) or #s + 1
 end
 
 -- UTF-16 (2) or UTF-32 (4 bytes a unit) from s[i] as UTF-8, 'surrogatepass' as Python: a surrogate pair is one

@@ -211,9 +211,11 @@ def test_a_state_file_that_cannot_be_written_is_removed(haproxy: FakeHAProxy, tm
 def test_a_lock_that_cannot_be_opened_is_refused_before_anything_is_set(haproxy: FakeHAProxy, tmp_path: Path) -> None:
     """The reload's lock lives beside the state file: without its directory nothing orders a change with a reload."""
     missing = tmp_path / "no-dir" / "s"
-    with pytest.raises(haproxy_runtime.Refusal, match=r"the lock .*/no-dir/s\.lock cannot be opened: .*No such file"):
+    refusal = r"the lock .*/no-dir/s\.lock cannot be opened: .*No such file.*; nothing was set\.$"
+    with pytest.raises(haproxy_runtime.Refusal, match=refusal) as refused:
         haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=str(missing)), False)
     assert haproxy.commands == ["show stat"] and not (tmp_path / "no-dir").exists()
+    assert refused.value.error == f"[Errno 2] No such file or directory: '{missing}.lock'"
 
 
 @pytest.mark.parametrize("path", ["relative/state", "/var/lib/../etc/passwd", "/var/lib/haproxy/a b", "/var/./x"])

@@ -605,3 +605,51 @@ def test_a_set_racing_a_reload_was_lost_before_and_holds_under_the_lock(version:
     assert {lost["after"] for lost in before["lost"] if lost["kind"] == "drain"} == {"UP"}
     assert {lost["after"] for lost in before["lost"] if lost["kind"] == "ready"} == {"DRAIN"}
     assert (helper["drain_lost"], helper["ready_lost"], helper["lost"]) == (0, 0, []) and race["tries_per_kind"] == 40
+
+
+def test_a_reload_goes_ahead_without_a_lock_held_too_long_and_reconciles_what_it_saves(
+        where: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A module stuck holding the lock never blocks a reload past LOCK_WAIT_S; the save is made to agree with the
+    configuration the new worker loads, as a plain save is."""
+    Path(where["config"]).write_text(config({"s1": 9011}))
+    fake = Reloading(where["socket"], where["file"] + ".lock", HEADER + line("s1", 9001) + "\n")
+    real = Reloading.answer
+
+    def answer(command: str) -> str:
+        if command == "show info" and signals:
+            fake.pid = 222
+        return real(fake, command)
+
+    signals: list[object] = []
+    fake.answer = answer  # type: ignore[method-assign]
+    monkeypatch.setattr(state.os, "kill", lambda *a: signals.append(a))
+    monkeypatch.setattr(state, "LOCK_WAIT_S", 2.0)
+    clock = Clock()
+    fd = os.open(where["file"] + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.MonkeyPatch.context() as inner:
+            inner.setattr(state, "locked", lambda path, clock, sleep: state_locked(path, 2.0, clock, sleep))
+            status, notes = state.reload(where["socket"], where["file"], where["config"], 4242, ["true"], 5, clock, clock.sleep)
+    finally:
+        os.close(fd)
+        fake.close()
+    assert status == 0 and len(signals) == 1
+    assert notes == [f"{where['file']}.lock: still held after 2 s, reloading without it",
+                     f"{where['file']}: be_a/s1: 127.0.0.1:9001 -> 127.0.0.1:9011, dropped (starts as configured)"]  # fmt: skip
+    assert Path(where["file"]).read_text() == HEADER
+
+
+state_locked = state.locked
+
+
+@pytest.mark.parametrize("info", ["Pid:\n", "Pid: x\n", "Pid:  \n", "Name: HAProxy\n", "pid: 12\n"])
+def test_a_show_info_without_a_pid_names_no_worker(where: dict[str, str], info: str) -> None:
+    fake = served(where["socket"], "")
+    fake.answer = lambda _command: info  # type: ignore[method-assign]
+    try:
+        assert state.worker_pid(where["socket"], 5) is None
+        fake.answer = lambda _command: "Name: HAProxy\nPid: 4242\nUptime: 0d\n"  # type: ignore[method-assign]
+        assert state.worker_pid(where["socket"], 5) == 4242
+    finally:
+        fake.close()

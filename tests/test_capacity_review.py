@@ -330,7 +330,10 @@ UNMODELLED = [["--block-size=32"], ["--mamba-ssm-cache-dtype", "float16"], ["--m
               # the fourth review: the mirror of --language-model-only, and weight offloading beside --cpu-offload-gb
               ["--mm-encoder-only"], ["--mm-encoder-o"], ["--offload-group-size", "8"], ["--offload-num-in-group=2"],
               ["--offload-prefetch-step", "2"], ["--offload-params", "experts"], ["--cpu-offload-params", "experts"],
-              ["--offload-backend", "prefetch"], ["--offload_backend=uva"]]  # fmt: skip
+              ["--offload-backend", "prefetch"], ["--offload_backend=uva"],
+              # the fourth review's leftover: KV cache offloading sets a KV connector (vllm/config/vllm.py)
+              ["--kv-offloading-size", "8"], ["--kv_offloading_size=8"], ["--kv-offloading-backend", "native"],
+              ["--kv-transfer-config", '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}']]  # fmt: skip
 
 
 @pytest.mark.parametrize("args", UNMODELLED, ids=[a[0] for a in UNMODELLED])

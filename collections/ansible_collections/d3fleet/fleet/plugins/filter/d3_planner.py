@@ -116,6 +116,14 @@ UNMODELLED_FLAGS = {
     "--offload-prefetch-step": "the GPU memory of prefetch offloading (the layers prefetched ahead: 'Higher values hide "
     "more latency but use more GPU memory')",
     "--offload-params": "which weights prefetch offloading keeps in CPU memory, so the weights in GPU memory",
+    # KV cache offloading (vllm/config/cache.py CacheConfig.kv_offloading_size, kv_offloading_backend): a size makes
+    # VllmConfig._post_init_kv_transfer_config (vllm/config/vllm.py) set a KV connector (native: OffloadingConnector),
+    # as --kv-transfer-config does by hand; the connector's effect on the hybrid KV cache manager and the GPU blocks
+    # has not been traced here (the leftover of the fourth capacity review)
+    "--kv-offloading-size": "the KV cache: a KV connector (OffloadingConnector) with CPU blocks beside the GPU's, "
+    "which the planner has not traced",
+    "--kv-offloading-backend": "the KV cache's offloading connector (native or lmcache), which the planner has not traced",
+    "--kv-transfer-config": "the KV cache: a KV connector and its blocks, which the planner has not traced",
 }
 # Values of unmodelled flags that say what the planner already assumes (vLLM's defaults for D3), so they are planned:
 # the model dtype config.json gives ("auto" keeps it), the pooling runner of a classification model ("auto" picks

@@ -69,7 +69,11 @@ def vllm_reads(body: bytes) -> tuple[str, str | None]:
         return "no_model", None
     if len(top) > 1:
         return "duplicate_model", None
-    return ("ok", top[0]) if isinstance(top[0], str) else ("model_not_string", None)
+    if not isinstance(top[0], str):
+        return "model_not_string", None
+    # HAProxy's `-m str` compares up to the first NUL: a model holding one is not handed to it (d3-router.lua), so the
+    # router answers its unknown-model 404 as vLLM would (no served name holds a NUL)
+    return ("ok", None) if "\0" in top[0] else ("ok", top[0])
 
 
 CASES = {
@@ -81,6 +85,7 @@ CASES = {
     b'{"mod\\u0065l": "d3-27b"}': ("ok", "d3-27b"),
     b'{"model": "d3-\\u006cite"}': ("ok", "d3-lite"),
     b'{"model": 7}': ("model_not_string", None),
+    b'{"model": "d3-lite\\u0000evil"}': ("ok", None),  # a NUL: HAProxy would have matched "d3-lite" (review 2026-12-05)
     b'{"model": null}': ("model_not_string", None),
     b'{"model": ["d3-lite"]}': ("model_not_string", None),
     b'{"state": {}}': ("no_model", None),

@@ -167,7 +167,7 @@ def test_timeouts_retries_state_file_and_the_runtime_api(rendered: tuple[str, di
             "option http-server-close", "retries 2", "option redispatch 1"} <= set(cfg["defaults"])  # fmt: skip
     assert {"stats socket /run/haproxy/admin.sock mode 660 level admin expose-fd listeners",
             "server-state-file /var/lib/haproxy/server-state", "tune.bufsize 295936", "tune.maxrewrite 1024",
-            "lua-load /etc/haproxy/d3-router/d3-router.lua"} <= set(cfg["global"])  # fmt: skip
+            "lua-load-per-thread /etc/haproxy/d3-router/d3-router.lua"} <= set(cfg["global"])  # fmt: skip
     # sized from the plan: d3-flash 2 x 256, d3-mini 256: capacity 768; the endpoint twice that, d3-mini's own port
     # twice its 256, the health frontend's 16 and the exporter's 64 (docs/router.md "Connections and memory")
     assert "maxconn 2128" in cfg["global"]

@@ -267,5 +267,8 @@ end
 core.register_action('d3_read_model', { 'http-req' }, function(txn)
     local verdict, model = read_model(txn.f:req_body() or '')
     txn:set_var('txn.d3_body', verdict)
-    if model then txn:set_var('txn.d3_model', model) end
+    -- a model holding U+0000 names no served model, but HAProxy's `-m str` compares up to the first NUL
+    -- (pat_match_str's tree lookup): "d3-lite\u0000x" matched d3-lite (the review of 2026-12-05); left unset, the
+    -- request gets the router's unknown-model 404, as vLLM would answer it
+    if model and not model:find('\0', 1, true) then txn:set_var('txn.d3_model', model) end
 end, 0)

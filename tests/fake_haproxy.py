@@ -82,6 +82,8 @@ class FakeHAProxy(OneLineSocket):
         self.refuse = ""
         self.answer_stat: str | None = None
         self.servers_state = "Unknown command.\n"  # the answer to `show servers state` (management.txt 9.3)
+        self.pid = 4242  # the worker that answers (`show info`'s Pid)
+        self.infos = 0
         self.thread.start()
 
     def next_value(self, table: dict[tuple[str, str], list[Any]], key: tuple[str, str]) -> Any:
@@ -91,6 +93,24 @@ class FakeHAProxy(OneLineSocket):
         return values.pop(0) if len(values) > 1 else values[0]
 
     def answer(self, command: str) -> str:
+        # `a;b` runs a then b on the same worker (management.txt 9.3); `show info` there names the worker (Pid), and is
+        # counted in `infos`, not in `commands` (the module prefixes every change with it: d3_server_state.ask_as)
+        if ";" in command:
+            self.commands.pop()
+            parts = command.split(";")
+            out = ""
+            for part in parts:
+                if part == "show info":
+                    self.infos += 1
+                    out += f"Name: HAProxy\nVersion: 3.0.11-1+deb13u4\nPid: {self.pid}\nProcess_num: 1\n\n"
+                else:
+                    self.commands.append(part)
+                    out += type(self).answer(self, part)  # not an instance spy: it saw the whole line
+            return out
+        if command == "show info":
+            self.commands.pop()
+            self.infos += 1
+            return f"Name: HAProxy\nVersion: 3.0.11-1+deb13u4\nPid: {self.pid}\nProcess_num: 1\n\n"
         if command == "show stat":
             if self.answer_stat is not None:
                 return self.answer_stat

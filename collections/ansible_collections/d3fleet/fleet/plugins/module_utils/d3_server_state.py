@@ -68,8 +68,12 @@ BE_NAME, SRV_NAME, SRV_ADDR, OP_STATE, ADMIN_STATE = 1, 3, 4, 5, 6
 CHECK_HEALTH, SRV_PORT = 12, 18
 FMAINT, FDRAIN = 0x01, 0x08  # SRV_ADMF_FMAINT, SRV_ADMF_FDRAIN: `set server ... state maint|drain`
 STOPPED = "0"  # SRV_ST_STOPPED
-LOCK_WAIT_S = 30.0  # a reload holds the lock about 0.1-2 s (save, haproxy -c, a new worker's start: docs/router.md)
-NEW_WORKER_WAIT_S = 30.0  # a reload whose new worker never answers (its start failed) gives the lock up after this
+# a reload holds the lock about 0.1-2 s (save, haproxy -c, a new worker's start: docs/router.md); one whose new worker
+# never answers (its start failed: the master keeps the old one) gives it up after NEW_WORKER_WAIT_S, and a change
+# waiting for it waits longer than that and the check's time together (the review of 2026-12-05: both were 30 s, so a
+# change that came with a failed reload was refused)
+NEW_WORKER_WAIT_S = 20.0
+LOCK_WAIT_S = 45.0
 POLL_S = 0.01
 SECTIONS = {"global", "defaults", "frontend", "backend", "listen", "peers", "resolvers", "userlist", "program",
             "http-errors", "ring", "cache", "mailers", "crt-store", "traces", "log-forward"}  # fmt: skip
@@ -226,13 +230,46 @@ def held_or_not(path: str, doing: str, clock: Callable[[], float] = time.monoton
         yield notes
 
 
+def info_pid(text: str) -> int | None:
+    """The ``Pid:`` of a ``show info`` answer (management.txt 9.3), None without one."""
+    for line in text.splitlines():
+        if line.startswith("Pid:") and line.split()[1:2] and line.split()[1].isdigit():
+            return int(line.split()[1])
+    return None
+
+
 def worker_pid(sock: str, timeout: float) -> int | None:
     """The pid of the worker that answers the stats socket (``show info``'s ``Pid:``), None when none answers."""
     with contextlib.suppress(OSError):
-        for line in ask(sock, "show info", timeout).splitlines():
-            if line.startswith("Pid:") and line.split()[1:2] and line.split()[1].isdigit():
-                return int(line.split()[1])
+        return info_pid(ask(sock, "show info", timeout))
     return None
+
+
+def ask_as(sock: str, command: str, timeout: float) -> tuple[int | None, str]:
+    """``show info;COMMAND`` in one connection (management.txt 9.3: commands separated by ``;`` run in turn on the
+    same worker): the pid of the worker that ran COMMAND, and COMMAND's answer. After a reload the old worker may
+    still take a connection on the stats socket for a while (242 ms after the new one answered, under load: the
+    review of 2026-12-05), so a change is known to have reached the current worker only by its pid."""
+    text = ask(sock, f"show info;{command}", timeout)
+    info, found, rest = text.partition("\n\n")
+    return info_pid(info), rest if found else text
+
+
+def patch(state: str, changes: dict[tuple[str, str], str]) -> str:
+    """A state file's text with the administrative state of each changed (backend, server) as HAProxy's ``set server
+    ... state`` leaves it (src/server.c v2.6.0, v3.0.0: ``drain`` sets FDRAIN and clears FMAINT, ``ready`` clears
+    both, ``maint`` sets FMAINT and clears FDRAIN): for when ``show servers state`` cannot be read after a change, so the
+    last file keeps every other server's state and gets this change (the file is never removed)."""
+    set_flags = {"drain": (FDRAIN, FMAINT), "ready": (0, FDRAIN | FMAINT), "maint": (FMAINT, FDRAIN)}
+    lines = state.splitlines()
+    for n, line in enumerate(lines[2:], start=2):
+        fields = line.split()
+        wanted = changes.get((fields[BE_NAME], fields[SRV_NAME])) if len(fields) > SRV_NAME else None
+        if wanted and len(fields) > ADMIN_STATE and fields[ADMIN_STATE].isdigit():
+            add, clear = set_flags[wanted]
+            fields[ADMIN_STATE] = str((int(fields[ADMIN_STATE]) | add) & ~clear)
+            lines[n] = " ".join(fields)
+    return "\n".join(lines) + "\n"
 
 
 def save(sock: str, path: str, config: str, timeout: float) -> list[str]:

@@ -28,15 +28,22 @@ description:
   - After it changed a server's state, it writes C(show servers state) (doc/management.txt) to O(state_file), the file
     HAProxy's C(server-state-file) names, through a temporary file written to the disk and a rename, so that a start
     after an unclean stop (C(kill -9), a crash, a power loss) or a reload that bypasses the service's own save applies
-    the states as they are now, never an older drain. When the state cannot be read it removes the file (an older
-    state must not be applied) and says so in C(state_saved) and a warning; the change itself stands.
+    the states as they are now, never an older drain. When the state cannot be read, the last file gets this change
+    (each changed server's administrative state as C(set server) leaves it) and keeps every other server's state, never
+    removed (C(state_patched), and a warning); when there is no last file either, nothing is written and a warning
+    says so. The change itself stands.
   - Its C(set server) commands and that save are made under the lock O(state_file)C(.lock) that the d3_router role's
     reload holds from its own save until the new worker runs (module_utils/d3_server_state.py), so a change is never
     sent in between, where the old worker alone would get it and the new one would start from the file without it.
-    It fails, sending nothing, when the lock is not had within 30 s. Without O(state_file), no lock.
-  - While it waits, it checks on every read that the servers are still in O(state) (V(DRAIN) or V(MAINT) for a drain,
-    not V(DRAIN) or V(MAINT) for V(ready)); a server that left it (a reload that bypassed the lock, another tool) is set
-    again, and named in C(reapplied).
+    It fails, sending nothing, when the lock is not had within 45 s. Without O(state_file), no lock.
+  - Each command goes as C(show info;<command>), which names the worker that ran it; with O(master_socket), one that a
+    worker C(show proc) does not list as current took (an old one still accepting for a moment after a reload) is sent
+    again, for 5 s at most.
+  - While it waits, it checks on every read that the servers are still in O(state) (V(DRAIN), V(MAINT) or V(DOWN) for
+    a drain; not V(DRAIN) or plain V(MAINT) for V(ready)). A server out of it under another worker than the one it was
+    set on lost it in a reload that bypassed the lock (C(kill -USR2), the master CLI's C(reload)), so it is set again and
+    named in C(reapplied). Under the same worker someone else changed it, so the module fails, naming it, and does not
+    fight them.
   - With O(wait), polls C(show stat) every O(poll) seconds until the O(servers) have no current session left (sum of
     C(scur) 0, for V(drain)) or are all V(UP) (for V(ready)), and fails after O(timeout) seconds naming the servers
     that are not there yet. Check mode does not wait.
@@ -45,7 +52,8 @@ description:
     and the old ones still finishing their requests after a reload (C(@!<pid> show stat), management.txt "9.4. Master
     CLI") - not only on the worker the stats socket reaches; after a reload that one is new and shows 0 sessions while
     the old worker still serves the drained server's requests in flight. A worker that left between C(show proc) and
-    its C(show stat) counts nothing.
+    its C(show stat) counts nothing; a C(show proc) that fails (a reload re-executing the master) is a read that did
+    not happen, asked again at the next poll.
   - Every name that reaches the socket is checked first, as a whole string (backend and server names, of letters,
     digits, C(.) C(_) C(:) C(-), at most 127 characters, and the socket path, a plain absolute path), before any command is sent.
   - The protocol is HAProxy's management guide, doc/management.txt in the HAProxy sources, section "9.3. Unix Socket
@@ -155,9 +163,15 @@ changed_servers:
   returned: success
 state_saved:
   description:
-    - After a change, O(state_file) when the servers' state was written there; empty when nothing changed, O(state_file)
-      is empty, or the state could not be read (the file was removed then).
+    - After a change, O(state_file) when the servers' state was written there (read from HAProxy, or the last file
+      patched, O(state_patched)); empty when nothing changed, O(state_file) is empty, or nothing could be written.
   type: str
+  returned: success
+state_patched:
+  description:
+    - True when C(show servers state) could not be read after a change and the last O(state_file) got the change
+      instead.
+  type: bool
   returned: success
 state:
   description: O(state) (null when only reading).
@@ -195,7 +209,6 @@ error:
 """
 
 import contextlib
-import os
 import re
 import time
 from typing import Any
@@ -203,6 +216,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import (
     in_state,
+    parse_proc,
     parse_stat,
     ready_steps,
     select,
@@ -215,9 +229,13 @@ from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_haproxy import (
 from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_server_state import (
     LOCK_WAIT_S,
     ask,
+    ask_as,
     is_state,
     lock_path,
     locked,
+    patch,
+    read,
+    worker_pid,
     write,
 )
 
@@ -248,6 +266,10 @@ class Refusal(Exception):
     def __init__(self, msg: str, error: str = "") -> None:
         super().__init__(msg)
         self.error = error or msg
+
+
+class Unread(Exception):
+    """A read of the wait that did not happen this time (asked again at the next poll)."""
 
 
 def plain(path: str) -> bool:
@@ -286,27 +308,72 @@ def read_stat(p: dict[str, Any], where: str) -> list[dict[str, Any]]:
         raise Refusal(f"{where}: the answer to `show stat` is not HAProxy's CSV: {shown!r}.", f"not show stat: {shown!r}") from None
 
 
-def save_state(p: dict[str, Any]) -> str:
-    """``show servers state`` (a version 1 dump) written to ``state_file`` through a temporary file in the same
-    directory, ``fsync`` and a rename (d3_server_state.write); the file removed when the state cannot be read or
-    written. Returns the path written, or "" (nothing written, the file removed)."""
-    target = p["state_file"]
+PLACE_WAIT_S = 5.0  # a change an old worker took is sent again until a current worker takes it, this long at most
+PLACE_POLL_S = 0.02
+
+
+class Saved:
+    """What the module did with the state file after a change: ``path`` written (or ""), ``patched`` when ``show
+    servers state`` could not be read and the last file got the change instead, ``pid`` the worker the change reached."""
+
+    def __init__(self, path: str = "", patched: bool = False, pid: int | None = None) -> None:
+        self.path, self.patched, self.pid = path, patched, pid
+
+
+def current_workers(p: dict[str, Any]) -> set[int] | None:
+    """The pids ``show proc`` lists as current workers (not the old ones still finishing), None without a master
+    socket or when it does not answer (a reload by hand re-executing the master)."""
+    if not p.get("master_socket"):
+        return None
     try:
-        text = ask(p["socket"], "show servers state", p["connect_timeout"])
+        procs = parse_proc(ask(p["master_socket"], "show proc", p["connect_timeout"]))
+    except (OSError, ValueError):
+        return None
+    return {x["pid"] for x in procs if x["type"] == "worker" and x["section"] == "workers"}
+
+
+def send(p: dict[str, Any], where: str, command: str, current: set[int] | None, clock: Any, sleep: Any) -> tuple[int | None, str]:
+    """One command on the stats socket, sent again while a worker that is not current took it (``show info;`` before
+    it names the worker: d3_server_state.ask_as); its worker's pid and its answer."""
+    deadline = clock() + PLACE_WAIT_S
+    while True:
+        try:
+            pid, answer = ask_as(p["socket"], command, p["connect_timeout"])
+        except OSError as exc:
+            raise Refusal(f"{where}: `{command}` failed: {exc}.", str(exc)) from None
+        if current is None or pid in current:
+            return pid, answer
+        if clock() >= deadline:
+            raise Refusal(f"{where}: `{command}` reached worker {pid} only, not a current one ({', '.join(map(str, sorted(current)))}, "
+                          f"show proc), for {PLACE_WAIT_S:.0f} s.")  # fmt: skip
+        sleep(PLACE_POLL_S)
+
+
+def save_state(p: dict[str, Any], where: str, changes: dict[tuple[str, str], str], current: set[int] | None, clock: Any,
+               sleep: Any) -> Saved:  # fmt: skip
+    """``show servers state`` (a version 1 dump, from a current worker) written to ``state_file`` (d3_server_state.write:
+    a temporary file, fsync, a rename). When it cannot be read, the last file gets ``changes`` instead
+    (d3_server_state.patch): it is never removed, since it holds every other server's state too (a restart would
+    bring every drain back ready: the review of 2026-12-05)."""
+    target = p["state_file"]
+    with contextlib.suppress(OSError, ValueError, Refusal):
+        pid, text = send(p, where, "show servers state", current, clock, sleep)
         if not is_state(text):
             raise ValueError(text[:100])
         write(target, text)
-        return target
-    except (OSError, ValueError):
+        return Saved(target, False, pid)
+    last = read(target)
+    if last is not None and is_state(last):
         with contextlib.suppress(OSError):
-            os.remove(target)
-        return ""
+            write(target, patch(last, changes))
+            return Saved(target, True)
+    return Saved()
 
 
 def apply(p: dict[str, Any], where: str, todo: list[tuple[dict[str, Any], str]], state: str, clock: Any = time.monotonic,
-          sleep: Any = time.sleep) -> str:  # fmt: skip
-    """Set each (server, its show stat status) of ``todo`` to ``state`` and save, under the reload's lock; returns
-    the path saved (save_state)."""
+          sleep: Any = time.sleep) -> Saved:  # fmt: skip
+    """Set each (server, its show stat status) of ``todo`` to ``state`` and save, under the reload's lock, each command
+    taken by a current worker (``show proc``, with a master socket); what was saved, and the worker's pid."""
     with contextlib.ExitStack() as stack:
         if p["state_file"]:
             try:
@@ -317,18 +384,21 @@ def apply(p: dict[str, Any], where: str, todo: list[tuple[dict[str, Any], str]],
             if not held:
                 raise Refusal(f"{where}: the lock {lock_path(p['state_file'])} is still held after {LOCK_WAIT_S:.0f} s "
                               "(a reload of HAProxy that does not end: systemctl status haproxy); nothing was set.")  # fmt: skip
+        current = current_workers(p)
+        pid = None
         for server, status in todo:
             # ready through maint (slowstart applies to a server leaving maintenance, not to one leaving DRAIN), except
             # for a DOWN server: leaving maint would make it UP until its first check (d3_haproxy.ready_steps)
             for step in ready_steps(status) if state == "ready" else (state,):
                 command = set_command(server, step)
-                try:
-                    answer = ask(p["socket"], command, p["connect_timeout"])
-                except OSError as exc:
-                    raise Refusal(f"{where}: `{command}` failed: {exc}.") from None
+                pid, answer = send(p, where, command, current, clock, sleep)
                 if answer.strip():
                     raise Refusal(f"{where}: `{command}` was refused: {' '.join(answer.split())[:200]}")
-        return save_state(p) if todo and p["state_file"] else ""
+        if not (todo and p["state_file"]):
+            return Saved(pid=pid)
+        saved = save_state(p, where, {(s["backend"], s["server"]): state for s, _ in todo}, current, clock, sleep)
+        saved.pid = pid
+        return saved
 
 
 def every_worker(p: dict[str, Any], where: str, servers: list[dict[str, Any]]) -> dict[int, dict[tuple[str, str], int] | None]:
@@ -340,10 +410,12 @@ def every_worker(p: dict[str, Any], where: str, servers: list[dict[str, Any]]) -
     try:
         pids = worker_pids(ask(master, "show proc", p["connect_timeout"]))
     except OSError as exc:
-        raise Refusal(f"{where}: HAProxy's master CLI {master} does not answer `show proc`: {exc}. Set "
-                      "d3_router_master_socket to the -S socket of haproxy.service.", str(exc)) from None  # fmt: skip
+        # a reload re-executes the master: its CLI refuses or resets connections for 26-53 ms (the review of
+        # 2026-12-05): not read this time, asked again at the next poll; the timeout names the variable
+        raise Unread(f"HAProxy's master CLI {master} (it does not answer `show proc`: {exc}; if it never does, set "
+                     "d3_router_master_socket to the -S socket of haproxy.service)") from None  # fmt: skip
     except ValueError as exc:
-        raise Refusal(f"{where}: the master CLI {master} did not answer `show proc` as HAProxy does: {exc}.") from None
+        raise Unread(f"HAProxy's master CLI {master} (it did not answer `show proc` as HAProxy does: {exc})") from None
     out: dict[int, dict[tuple[str, str], int] | None] = {}
     for pid in pids:
         try:
@@ -373,7 +445,9 @@ def left_state(status: str, state: str) -> bool:
     """Whether a server whose ``show stat`` status is ``status`` is known to have left ``state`` since it was set:
     ready (UP, NOLB) when drained, drained or in maintenance when ready. DOWN says nothing (d3_haproxy.in_state)."""
     word = status.split(" ")[0]
-    return word in ("UP", "NOLB") if state == "drain" else word in ("DRAIN", "MAINT")
+    # MAINT (resolution), MAINT (via ...): maintenance HAProxy set (a name that does not resolve, a tracked server), not
+    # the administrative state a give-back sets; waited for as not UP (the review of 2026-12-05: set again 17 times)
+    return word in ("UP", "NOLB") if state == "drain" else word == "DRAIN" or status == "MAINT"
 
 
 def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep: Any = time.sleep) -> dict[str, Any]:
@@ -391,29 +465,44 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
                       "ansible-playbook site.yml -l d3-routers --tags router")  # fmt: skip
     status = {(row["backend"], row["server"]): row["status"] for row in wanted}
     todo = [server for server, row in zip(p["servers"], wanted, strict=True) if state and not in_state(row["status"], state)]
-    saved = ""
+    saved = Saved()
     if not check_mode and todo:
         saved = apply(p, where, [(s, status[(s["backend"], s["server"])]) for s in todo], state, clock, sleep)
+    patched = saved.patched
     waited = 0.0
     seen: dict[int, int] = {}
     reapplied: list[str] = []
     if state and p["wait"] and not check_mode:
         start = clock()
+        # the worker the state was set on (or found in): a server out of it under another worker lost it in a reload
+        # that bypassed the lock (`kill -USR2`, the master CLI's `reload`); under the same one, someone changed it
+        set_on = saved.pid if saved.pid is not None else worker_pid(p["socket"], p["connect_timeout"])
         while True:
             rows = read_stat(p, where)
             wanted = select(rows, p["servers"])
-            # out of the state set (a reload that bypassed the lock, another tool): set again, and waited for again
             lost = [(s, r["status"]) for s, r in zip(p["servers"], wanted, strict=True) if left_state(r["status"], state)]
             if lost:
-                saved = apply(p, where, lost, state, clock, sleep) or saved
+                now = current_workers(p) or {worker_pid(p["socket"], p["connect_timeout"])}
+                names = ", ".join(f"{s['backend']}/{s['server']} ({status})" for s, status in lost)
+                if set_on is not None and set_on in now:
+                    raise Refusal(f"{where}: {names} left {state} during the wait with no reload since it was set (worker "
+                                  f"{set_on}): someone else changed it, so it is not set again. Find who (an operator, "
+                                  "another run) and run again.")  # fmt: skip
+                again = apply(p, where, lost, state, clock, sleep)
+                saved = again if again.path else saved
+                patched = patched or again.patched
+                set_on = again.pid if again.pid is not None else worker_pid(p["socket"], p["connect_timeout"])
                 reapplied += [f"{s['backend']}/{s['server']}" for s, _ in lost]
                 rows = read_stat(p, where)
                 wanted = select(rows, p["servers"])
             unread: list[str] = []
             if state == "drain" and p.get("master_socket"):
-                by_worker = every_worker(p, where, p["servers"])
+                try:
+                    by_worker = every_worker(p, where, p["servers"])
+                except Unread as exc:
+                    by_worker, unread = {}, [str(exc)]
                 known = {pid: sessions for pid, sessions in by_worker.items() if sessions is not None}
-                unread = [f"worker {pid} (its show stat could not be read)" for pid, s in by_worker.items() if s is None]
+                unread += [f"worker {pid} (its show stat could not be read)" for pid, s in by_worker.items() if s is None]
                 for pid, sessions in known.items():
                     if sum(sessions.values()):
                         seen[pid] = max(seen.get(pid, 0), sum(sessions.values()))
@@ -437,7 +526,8 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         "waited_s": waited,
         "reapplied": reapplied,
         "workers_seen": seen,
-        "state_saved": saved,
+        "state_saved": saved.path,
+        "state_patched": patched,
     }
 
 
@@ -449,11 +539,14 @@ def main() -> None:
         result = run(p, module.check_mode)
     except Refusal as exc:
         module.fail_json(msg=str(exc), error=exc.error, **ident)
-    if result["changed_servers"] and p["state_file"] and not result["state_saved"] and not module.check_mode:
-        module.warn(
-            f"{ident['router']}: `show servers state` could not be written to {p['state_file']}; it was removed, "
-            "so a start applies the configuration's states (every server ready) until the next change or reload."
-        )
+    if result["changed_servers"] and p["state_file"] and not module.check_mode:
+        if result["state_patched"]:
+            module.warn(f"{ident['router']}: `show servers state` could not be read after the change; {p['state_file']} "
+                        "got the change over its last saved states instead (every other server as last saved).")  # fmt: skip
+        elif not result["state_saved"]:
+            module.warn(f"{ident['router']}: `show servers state` could not be read after the change and there is no "
+                        f"last {p['state_file']} to patch: a start applies the configuration's states until the next "
+                        "change or reload.")  # fmt: skip
     module.exit_json(**result, **ident)
 
 

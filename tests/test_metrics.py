@@ -20,6 +20,7 @@ from d3_metrics import (
     metrics_alertmanager,
     metrics_rules,
     metrics_scrape,
+    metrics_silence_targets,
     metrics_silences,
     metrics_silences_delete,
     metrics_silences_ours,
@@ -340,16 +341,32 @@ def test_thresholds_come_from_the_inventory(fleet: dict[str, Any]) -> None:
     assert rules["D3GpuQueryFailed"]["for"] == rules["D3GpuLost"]["for"] == rules["D3TextfileFailed"]["for"] == "3m"
 
 
+PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "inf", "nan"}
+
+
+def series_names(expr: str) -> set[str]:
+    """Every series name a PromQL expression reads: the identifiers left once strings, label matchers, ranges,
+    label lists (by, on, ...) and function calls are taken out."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    words = re.findall(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![a-zA-Z0-9_:])(?!\s*\()", text)
+    return {w for w in words if w.lower() not in PROMQL_WORDS and not re.fullmatch(r"[0-9.e+-]+", w)}
+
+
 def test_every_rule_reads_metric_names_from_the_contract(fleet: dict[str, Any]) -> None:
     known = set(CONTRACT["haproxy"]["metrics"]) | set(CONTRACT["d3"]["metrics"]) | {"up"}
     known |= set(CONTRACT["node_exporter"]["metrics"]) | set(CONTRACT["dcgm_exporter"]["metrics"])
     known |= {n + suffix for n, kind in CONTRACT["vllm"]["metrics"].items()
               for suffix in (["_bucket", "_sum", "_count"] if kind == "histogram" else ["_total"] if kind == "counter" else [""])}  # fmt: skip
-    records = set()
+    records: set[str] = set()
     for rule in metrics_rules(scrape(fleet)["models"], {"runbook_url": BOOK})["rules"]["groups"][0]["rules"]:
-        names = set(re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", rule["expr"])) - records
+        names = series_names(rule["expr"]) - records
         assert names <= known, (rule.get("alert") or rule.get("record"), names - known)
         records.add(rule.get("record"))
+    # the reader finds a name written without braces too (a recording rule's, or a metric's)
+    assert series_names('rate(a:b{x="y{"}[5m]) > on (host) group_left () c unless ignoring (q) d_e or vector(1) > bool 2') == {"a:b", "c", "d_e"}
     assert "UP" in CONTRACT["haproxy"]["states"] and "5xx" in CONTRACT["haproxy"]["codes"]
     # the guards: one per vLLM metric a rule reads
     guarded = {r["labels"]["metric"] for r in rules_of(fleet) if r["alert"] == "D3VllmMetricMissing"}
@@ -470,13 +487,37 @@ def test_the_run_finds_its_own_silences_to_remove() -> None:
         {**mine, "id": "2", "status": {"state": "expired"}},
         {**mine, "id": "3", "comment": "rollout.yml run 77: planned restart of l4-a"},
         {**mine, "id": "4", "createdBy": "alice"}, {**mine, "id": 5}, {**mine, "id": "6", "status": None},
-        {**mine, "id": "7", "comment": None}, "x",
+        {**mine, "id": "7", "comment": None}, {**mine, "id": "../8"}, {**mine, "id": "9?x"}, {**mine, "id": ""}, "x",
+        {**mine, "id": "6f1c2a9e-0b7d-4c1e-9a55-3f0e2b8c7d10"},
     ]  # fmt: skip
-    assert metrics_silences_ours(listed, "rollout.yml run 7") == ["0", "1"]
+    assert metrics_silences_ours(listed, "rollout.yml run 7") == ["0", "1", "6f1c2a9e-0b7d-4c1e-9a55-3f0e2b8c7d10"]
     assert metrics_silences_ours(listed, "") == metrics_silences_ours(None, "x") == metrics_silences_ours(listed, None) == []
     results = [{"item": "mon-1", "json": listed}, {"item": "mon-2", "json": [mine]}, {"item": "mon-3"}, {"json": listed}, "x"]
+    results = [{"item": "mon-1", "json": listed[:2]}, {"item": "mon-2", "json": [mine]}, {"item": "mon-3"}, {"json": listed}, "x"]
     assert metrics_silences_delete(results, "rollout.yml run 7") == [["mon-1", "0"], ["mon-1", "1"], ["mon-2", "1"]]
     assert metrics_silences_delete("x", "rollout.yml run 7") == []
+
+
+def test_each_monitor_s_alertmanager_is_reached_where_it_listens_checked_first() -> None:
+    out = metrics_silence_targets({"mon-1": None, "mon-2": "0.0.0.0:9193", "mon-3": "[::]:9093", "mon-4": "10.0.0.9:9093",
+                                   "mon-5": "", "mon-6": "[::1]:9094"}, "127.0.0.1:9093")  # fmt: skip
+    assert out == {"targets": {"mon-1": "127.0.0.1:9093", "mon-2": "127.0.0.1:9193", "mon-3": "[::1]:9093",
+                               "mon-4": "10.0.0.9:9093", "mon-5": "127.0.0.1:9093", "mon-6": "[::1]:9094"}, "errors": []}  # fmt: skip
+    assert metrics_silence_targets({"mon-1": None}) == {"targets": {"mon-1": "127.0.0.1:9093"}, "errors": []}
+    bad = metrics_silence_targets({"mon-1": "127.0.0.1", "mon-2": "h:70000", "mon-3": "a/b:9093", "mon-4": 9093,
+                                   "a b": "127.0.0.1:9093", "mon-5": "1.2.3.4:9093"}, "127.0.0.1:9093")  # fmt: skip
+    assert bad["targets"] == {"mon-5": "1.2.3.4:9093"}
+    assert bad["errors"] == [
+        "monitor 'a b': not a host name a task can be delegated to",
+        "mon-1: d3_metrics_alertmanager_listen_address = '127.0.0.1' is not HOST:PORT. Fix the inventory.",
+        "mon-2: d3_metrics_alertmanager_listen_address = 'h:70000' is not HOST:PORT. Fix the inventory.",
+        "mon-3: d3_metrics_alertmanager_listen_address = 'a/b:9093' is not HOST:PORT. Fix the inventory.",
+        "mon-4: d3_metrics_alertmanager_listen_address = 9093 is not HOST:PORT. Fix the inventory.",
+    ]
+    assert metrics_silence_targets({"mon-1": None}, "nowhere")["errors"] == [
+        "mon-1: d3_metrics_alertmanager_listen_address = 'nowhere' is not HOST:PORT. Fix the inventory."]
+    assert metrics_silence_targets(["mon-1"]) == {"targets": {}, "errors": [
+        "monitors: expected a mapping of monitor to its Alertmanager listen address, got ['mon-1']"]}
 
 
 # --- alertmanager ---------------------------------------------------------------------------------------------------
@@ -562,7 +603,8 @@ def test_bad_timings_are_refused() -> None:
 def test_the_filters_are_exported() -> None:
     assert FilterModule().filters() == {"d3_metrics_scrape": metrics_scrape, "d3_metrics_rules": metrics_rules,
                                         "d3_metrics_alertmanager": metrics_alertmanager, "d3_metrics_silences": metrics_silences,
-                                        "d3_metrics_silences_ours": metrics_silences_ours, "d3_metrics_silences_delete": metrics_silences_delete}  # fmt: skip
+                                        "d3_metrics_silences_ours": metrics_silences_ours, "d3_metrics_silences_delete": metrics_silences_delete,
+                                        "d3_metrics_silence_targets": metrics_silence_targets}  # fmt: skip
 
 
 def test_the_filter_defaults_are_the_role_s() -> None:

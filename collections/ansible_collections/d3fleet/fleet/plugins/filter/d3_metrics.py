@@ -1,5 +1,6 @@
 """The fleet's metrics and alerts, from the plan (Ansible filters ``d3_metrics_scrape``, ``d3_metrics_rules``,
-``d3_metrics_alertmanager``, ``d3_metrics_silences``, ``d3_metrics_silences_ours``; role ``d3_metrics``).
+``d3_metrics_alertmanager``, ``d3_metrics_silences``, ``d3_metrics_silences_ours``, ``d3_metrics_silences_delete``,
+``d3_metrics_silence_targets``; role ``d3_metrics``).
 
 Pure functions: no target list, no threshold and no receiver is written by hand in YAML.
 
@@ -22,7 +23,8 @@ Pure functions: no target list, no threshold and no receiver is written by hand 
   grouping by alert and host, inhibition (a host down silences its instances and exporters; a router down its replica
   counts).
 - ``d3_metrics_silences`` / ``d3_metrics_silences_ours``: the silences a planned restart (rollout.yml, site.yml)
-  posts to Alertmanager's API v2, and which of the silences Alertmanager lists are that run's (to remove at its end).
+  posts to Alertmanager's API v2, and which of the silences Alertmanager lists are that run's (to remove at its end);
+  ``d3_metrics_silence_targets``: where the run reaches each monitor's Alertmanager, each address checked first.
 
 Metric names are upstream's (tests/contracts/metrics/names.yml names the sources): vLLM ``vllm/v1/metrics/loggers.py``,
 HAProxy ``addons/promex``, node exporter's textfile collector, dcgm-exporter's ``etc/default-counters.csv``; the
@@ -49,6 +51,8 @@ except ImportError:  # the unit tests import the filters as top-level modules
 DURATION = re.compile(r"\A[1-9][0-9]{0,5}(ms|s|m|h|d|w|y)\Z")
 NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 RUNBOOK = re.compile(r"\Ahttps?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%/+-]*)?\Z")
+# a silence's id as Alertmanager gives it (a UUID, api/v2/openapi.yaml): what goes into the DELETE request's path
+SILENCE_ID = re.compile(r"\A[0-9A-Fa-f-]{1,64}\Z")
 SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 # NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html and the pages it links;
@@ -592,9 +596,35 @@ def metrics_silences(_input: Any, identity: Any, now: Any, minutes: Any = 60) ->
     return {"silences": silences, "errors": []}
 
 
+def metrics_silence_targets(_input: Any, default: Any = "127.0.0.1:9093") -> dict[str, Any]:
+    """Where a planned restart reaches each monitor's Alertmanager API (the task is delegated to the monitor, so its
+    own listen address; an unspecified one, 0.0.0.0 or [::], is reached over that monitor's loopback). ``_input``:
+    ``{monitor: d3_metrics_alertmanager_listen_address or none}``, none taking ``default`` (the role's). Returns
+    ``{targets: {monitor: HOST:PORT}, errors}``: a monitor whose address is not HOST:PORT is left out, named in an
+    error (the run warns and goes on: its silences are missing there, and the monitor's own play refuses it)."""
+    errors: list[str] = []
+    targets: dict[str, str] = {}
+    monitors = _input if isinstance(_input, dict) else {}
+    if not isinstance(_input, dict):
+        errors.append(f"monitors: expected a mapping of monitor to its Alertmanager listen address, got {shown(_input)}")
+    for monitor in sorted(monitors, key=str):
+        address = default if monitors[monitor] in (None, "") else monitors[monitor]
+        if not (isinstance(monitor, str) and NAME.match(monitor)):
+            errors.append(f"monitor {shown(monitor)}: not a host name a task can be delegated to")
+        elif _option_problem("alertmanager", address):
+            errors.append(f"{monitor}: d3_metrics_alertmanager_listen_address = {shown(address)} is not HOST:PORT. "
+                          "Fix the inventory.")  # fmt: skip
+        else:
+            host, _, port = address.rpartition(":")
+            loopback = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # listening everywhere: its loopback
+            targets[monitor] = f"{loopback}:{port}"
+    return {"targets": targets, "errors": errors}
+
+
 def metrics_silences_ours(_input: Any, identity: Any) -> list[str]:
     """The ids of the silences Alertmanager lists (GET /api/v2/silences) that this run posted and that still hold
-    (active or pending): created by d3-fleet, the comment starting with the run's identity."""
+    (active or pending): created by d3-fleet, the comment starting with the run's identity, the id a UUID's characters
+    (it goes into the DELETE request's path)."""
     if not isinstance(_input, list) or not isinstance(identity, str) or not identity:
         return []
     ours = []
@@ -603,7 +633,8 @@ def metrics_silences_ours(_input: Any, identity: Any) -> list[str]:
         state = silence.get("status", {}).get("state") if isinstance(silence.get("status"), dict) else None
         comment = silence.get("comment")
         if (silence.get("createdBy") == "d3-fleet" and isinstance(comment, str) and comment.startswith(f"{identity}: ")
-                and state in ("active", "pending") and isinstance(silence.get("id"), str)):  # fmt: skip
+                and state in ("active", "pending") and isinstance(silence.get("id"), str)
+                and SILENCE_ID.match(silence["id"])):  # fmt: skip
             ours.append(silence["id"])
     return sorted(ours)
 
@@ -621,7 +652,7 @@ def metrics_silences_delete(_input: Any, identity: Any) -> list[list[str]]:
 
 class FilterModule:
     """Ansible filters: d3_metrics_scrape, d3_metrics_rules, d3_metrics_alertmanager, d3_metrics_silences,
-    d3_metrics_silences_ours, d3_metrics_silences_delete."""
+    d3_metrics_silences_ours, d3_metrics_silences_delete, d3_metrics_silence_targets."""
 
     def filters(self) -> dict[str, Any]:
         return {
@@ -630,5 +661,6 @@ class FilterModule:
             "d3_metrics_alertmanager": metrics_alertmanager,
             "d3_metrics_silences": metrics_silences,
             "d3_metrics_silences_ours": metrics_silences_ours,
+            "d3_metrics_silence_targets": metrics_silence_targets,
             "d3_metrics_silences_delete": metrics_silences_delete,
         }

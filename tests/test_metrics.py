@@ -619,7 +619,10 @@ def test_the_filter_defaults_are_the_role_s() -> None:
     [({"slo_queue_ms": 1}, True), ({"slo_queue_ms": 10**7 + 1}, False), ({"node_exporter_port": 1}, True),
      ({"node_exporter_port": 65536}, False), ({"alertmanager": "host:1"}, True), ({"alertmanager": "host:65536"}, False),
      ({"alertmanager": "HOST.Example:9093"}, True), ({"alertmanager": "[2001:DB8::1]:9093"}, True),
-     ({"alertmanager": "h\n:9093"}, False), ({"router_metrics_port": 65535}, True)],
+     ({"alertmanager": "h\n:9093"}, False), ({"router_metrics_port": 65535}, True),
+     ({"cold_start_s_per_gb": 10000}, True), ({"cold_start_s_per_gb": 10000.5}, False), ({"error_min_rps": 10001}, False),
+     ({"cold_start_margin": 1}, True), ({"cold_start_margin": 100}, True), ({"cold_start_margin": 100.5}, False),
+     ({"waiting_max": 0}, True), ({"waiting_max": 10**7}, True), ({"waiting_max": 10**7 + 1}, False)],
 )  # fmt: skip
 def test_option_bounds(fleet: dict[str, Any], options: dict[str, Any], ok: bool) -> None:
     assert (metrics_scrape(fleet, "router1", ROUTERS, options=options)["errors"] == []) is ok
@@ -654,3 +657,92 @@ def test_a_monitor_address_from_ansible_host_or_the_name(fleet: dict[str, Any]) 
     assert ("d3-node", "L4-A.example:9100") in [(t["job"], t["target"]) for t in targets]
     out = metrics_scrape(fleet, "router1", {"router2": {"ansible_host": ""}})
     assert ("d3-router", "router2:8405") in [(t["job"], t["target"]) for t in out["targets"]]
+
+
+SUMMARIES = {
+    "Watchdog": "Always firing: the dead-man's switch. Its receiver alarms when it stops arriving.",
+    "D3HostDown": "{{ $labels.host }} does not answer (its node exporter is unreachable)",
+    "D3RouterDown": "router {{ $labels.host }}: HAProxy's exporter does not answer",
+    "D3TargetDown": "{{ $labels.job }} on {{ $labels.host }} does not answer",
+    "D3KvCacheHigh": "{{ $labels.name }} on {{ $labels.host }}: KV cache {{ $value | humanizePercentage }} used",
+    "D3QueueTimeHigh": "{{ $labels.name }} on {{ $labels.host }}: queue time p99 above 2000 ms",
+    "D3EngineStalled": "{{ $labels.name }} on {{ $labels.host }}: requests held for 5m and none finished (a wedged engine)",
+    "D3RequestsWaiting": "{{ $labels.name }} on {{ $labels.host }}: {{ $value }} requests waiting in vLLM's queue for 5m",
+    "D3RouterQueue": "router {{ $labels.host }}: {{ $value }} requests queued for {{ $labels.model }} (every server at its maxconn)",
+    "D3RouterErrors": "router {{ $labels.host }}: {{ $value | humanizePercentage }} of {{ $labels.model }}'s answers are 5xx",
+    "D3GpuEccErrors": "GPU {{ $labels.gpu }} on {{ $labels.host }}: {{ $value }} uncorrected ECC errors",
+    "D3GpuXidCritical": "GPU {{ $labels.gpu }} on {{ $labels.host }}: Xid {{ if $labels.xid }}{{ $labels.xid }}, {{ $value }} kernel log "
+                        "line(s) since the last acknowledgement{{ else }}{{ $value }} (dcgm-exporter's last Xid){{ end }} "
+                        "(NVIDIA's catalog: reset or service the GPU)",
+    "D3GpuXid": "GPU {{ $labels.gpu }} on {{ $labels.host }}: Xid {{ if $labels.xid }}{{ $labels.xid }}, {{ $value }} kernel log "
+                "line(s) since the last acknowledgement{{ else }}{{ $value }} (dcgm-exporter's last Xid){{ end }}",
+    "D3GpuQueryFailed": "{{ $labels.host }}: nvidia-smi fails (a GPU off the bus, or the driver)",
+    "D3GpuLost": "{{ $labels.host }}: nvidia-smi lists {{ $value }} GPUs, fewer than the plan uses",
+    "D3TextfileStale": "{{ $labels.host }}: d3.prom not rewritten for 120 s (d3-textfile.timer)",
+    "D3TextfileFailed": "{{ $labels.host }}: the textfile collector cannot read {{ $labels.failed }}",
+    "D3InstanceDigestDrift": "{{ $labels.name }} on {{ $labels.host }} runs {{ $labels.digest }}, not the fleet's digest",
+    "D3RolloutStale": "{{ $labels.host }} carries a rollout marker older than 60 minutes",
+}  # fmt: skip
+
+
+def test_each_alert_s_summary_as_the_pager_shows_it(fleet: dict[str, Any]) -> None:
+    """The summaries whole (promtool checks them rendered; this pins the wording, what the on-call engineer reads)."""
+    rules = rules_of(fleet)
+    assert {r["alert"]: r["annotations"]["summary"] for r in rules if r["alert"] in SUMMARIES} == SUMMARIES
+    per = {(r["alert"], r["labels"].get("model") or r["labels"].get("metric")): r["annotations"]["summary"] for r in rules
+           if r["alert"] not in SUMMARIES}  # fmt: skip
+    assert per[("D3InstanceDown", "d3-flash")] == "{{ $labels.name }} on {{ $labels.host }} has not answered /metrics for 113s (its expected cold start, doubled)"
+    assert per[("D3ModelReplicasMissing", "triage")] == "router {{ $labels.host }}: {{ $value }} of triage's answering replicas are UP (plan: 1)"
+    assert per[("D3VllmMetricMissing", "vllm:num_requests_running")] == ("{{ $labels.name }} on {{ $labels.host }} answers /metrics "
+                                                                         "without vllm:num_requests_running: a rule reading it is blind")  # fmt: skip
+    assert next(r for r in rules_of(fleet, textfile_interval_s=7) if r["alert"] == "D3TextfileStale")["annotations"]["summary"] == (
+        "{{ $labels.host }}: d3.prom not rewritten for 28 s (d3-textfile.timer)")  # fmt: skip
+
+
+def test_a_sub_second_floor_is_one_second(fleet: dict[str, Any]) -> None:
+    rules = rules_of(fleet, instance_down_for="500ms", cold_start_s_per_gb=0.0001)
+    assert {r["for"] for r in rules if r["alert"] == "D3InstanceDown"} == {"1s"}
+
+
+def test_a_gpu_zero_plan_counts_one_gpu() -> None:
+    models = [{"served_name": "m", "backend": "be_m", "servers": [{"host": "h0", "instance": "m", "gpus": [0]},
+                                                                   {"host": "h1", "instance": "m", "gpus": [1, 0]}]}]  # fmt: skip
+    planned = next(r for r in metrics_rules(models, {"runbook_url": BOOK})["rules"]["groups"][0]["rules"] if r.get("record") == "d3:host_gpus:planned")
+    assert planned["expr"] == 'label_replace(vector(1), "host", "h0", "", "") or label_replace(vector(2), "host", "h1", "", "")'
+    bad = [{"served_name": "m", "backend": "be_m", "servers": [{"host": "a b", "gpus": [0]}, {"host": 3, "gpus": [0]}, {"host": "h", "gpus": "0"},
+                                                                {"host": "h2", "gpus": [-1, True, "1"]}]}]  # fmt: skip
+    assert "d3:host_gpus:planned" not in [r.get("record") for r in metrics_rules(bad, {"runbook_url": BOOK})["rules"]["groups"][0]["rules"]]
+
+
+def test_a_cold_start_reads_only_positive_checkpoint_sizes() -> None:
+    from d3_metrics import cold_start_s
+
+    assert cold_start_s([{"download_bytes": 1e9}, {"download_bytes": 2e9}], 3.0) == 6.0
+    assert cold_start_s([{"download_bytes": 0.5}, {"download_bytes": True}, {"download_bytes": "9e9"}, {"download_bytes": -5e9}, {}], 3.0) == pytest.approx(1.5e-9)
+    assert cold_start_s([], 3.0) == 0
+
+
+def test_option_keys_of_any_kind_are_named_and_later_ones_still_read() -> None:
+    out = metrics_rules([], {1: "x", "aaa": 1, "runbook_url": BOOK, "stall_for": "7m"})
+    assert out["errors"][:2] == [f"d3_metrics options: unknown option 1 (known: {', '.join(sorted(DEFAULTS))})",
+                                 f"d3_metrics options: unknown option 'aaa' (known: {', '.join(sorted(DEFAULTS))})"]  # fmt: skip
+    assert "[7m]" in next(r["expr"] for r in out["rules"]["groups"][0]["rules"] if r.get("alert") == "D3EngineStalled")
+    assert metrics_rules("x", {"runbook_url": "nope"})["errors"][0] == "models: expected the list d3_metrics_scrape returns, got 'x'"
+
+
+def test_silence_bounds() -> None:
+    assert metrics_silences({"h": ["m"]}, "x" * 300, "2026-12-02T14:00:00Z", 1)["errors"] == []
+    assert metrics_silences({"h": ["m"]}, "x" * 301, "2026-12-02T14:00:00Z")["errors"] != []
+    assert metrics_silences({"h": ["m"]}, "id", "2026-12-02T14:00:00Z", 1.5)["errors"] == [
+        "d3_metrics_silence_minutes = 1.5 is not a whole number of minutes (1-10080). Fix the inventory."]
+    assert metrics_silences({"h": ["m"]}, "id", "2026-12-02T16:00:00+02:00", 10)["silences"][0]["startsAt"] == "2026-12-02T14:00:00.000Z"
+    # a model name that cannot go into a matcher is left out; a host with no model gets only the digest silence
+    out = metrics_silences({"h": ["m", "a b", 3], "g": None}, "id", "2026-12-02T14:00:00Z")
+    assert [m["value"] for m in out["silences"][0]["matchers"]][1] == "m"
+    assert [m["value"] for m in out["silences"][1]["matchers"]][1] == "g|h"
+
+
+def test_the_run_s_silences_need_its_identity() -> None:
+    mine = {"id": "1", "createdBy": "d3-fleet", "comment": ": planned restart of l4-a", "status": {"state": "active"}}
+    assert metrics_silences_ours([mine], "") == []
+    assert metrics_silences_delete([{"item": "mon-1", "json": [mine]}], "") == []

@@ -75,7 +75,9 @@ def test_promtool_refuses_a_broken_rule(rendered: dict[str, Any]) -> None:
 
 def summary(rule: dict[str, Any], labels: dict[str, str], value: str) -> str:
     """The rule's summary as Prometheus renders it for these labels and value (the templates the rules use)."""
-    text = rule["annotations"]["summary"].replace("{{ $value | humanizePercentage }}", value).replace("{{ $value }}", value)
+    text = re.sub(r"\{\{ if \$labels\.(\w+) \}\}(.*?)\{\{ else \}\}(.*?)\{\{ end \}\}",
+                  lambda m: m.group(2) if labels.get(m.group(1)) else m.group(3), rule["annotations"]["summary"])
+    text = text.replace("{{ $value | humanizePercentage }}", value).replace("{{ $value }}", value)
     return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), text)
 
 

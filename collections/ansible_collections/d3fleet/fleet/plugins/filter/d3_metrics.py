@@ -328,7 +328,7 @@ def cold_start_s(servers: list[dict[str, Any]], per_gb: float) -> float:
     return max(sizes, default=0) / 1e9 * per_gb
 
 
-def _records(models: list[dict[str, Any]], gpus: dict[str, int]) -> list[dict[str, Any]]:
+def _records(gpus: dict[str, int]) -> list[dict[str, Any]]:
     """Recording rules: each expression that several rules read, computed once per evaluation."""
     rules = [
         {"record": "d3:router_up", "expr": 'max by (host) (up{job="d3-router"})'},
@@ -341,7 +341,6 @@ def _records(models: list[dict[str, Any]], gpus: dict[str, int]) -> list[dict[st
     if gpus:
         rules.append({"record": "d3:host_gpus:planned", "expr": " or ".join(
             f'label_replace(vector({n}), "host", "{h}", "", "")' for h, n in sorted(gpus.items()))})  # fmt: skip
-    del models
     return rules
 
 
@@ -374,6 +373,10 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
     stall, queue, textfile = opts["stall_for"], opts["queue_for"], opts["textfile_interval_s"]
     where = "{{ $labels.name }} on {{ $labels.host }}"
     crit = _alternatives(XID_CRITICAL)
+    # the textfile's series name the code in `xid` and count its lines since the acknowledgement; dcgm-exporter's
+    # gauge is the last code itself (no `xid` label)
+    xid = ("{{ if $labels.xid }}{{ $labels.xid }}, {{ $value }} kernel log line(s) since the last acknowledgement"
+           "{{ else }}{{ $value }} (dcgm-exporter's last Xid){{ end }}")
     dcgm_crit = " or ".join(f'DCGM_FI_DEV_XID_ERRORS{{job="d3-dcgm"}} == {x}' for x in XID_CRITICAL)
     rules = [
         _alert("Watchdog", "vector(1)", "0m", "none",
@@ -415,13 +418,12 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
                "0m", "critical", "GPU {{ $labels.gpu }} on {{ $labels.host }}: {{ $value }} uncorrected ECC errors", book),
         _alert("D3GpuXidCritical",
                f'd3_gpu_xid_events_total{{job="d3-node", xid=~"{crit}"}} > 0 or {dcgm_crit}',
-               "0m", "critical", "GPU {{ $labels.gpu }} on {{ $labels.host }}: Xid {{ $labels.xid }}{{ $value }} "
-               "(NVIDIA's catalog: reset or service the GPU); kept until acknowledged", book),
+               "0m", "critical", f"GPU {{{{ $labels.gpu }}}} on {{{{ $labels.host }}}}: Xid {xid} (NVIDIA's catalog: reset or "
+               "service the GPU)", book),
         _alert("D3GpuXid",
                f'd3_gpu_xid_events_total{{job="d3-node", xid!~"{crit}"}} > 0 '
                f'or (DCGM_FI_DEV_XID_ERRORS{{job="d3-dcgm"}} > 0 unless ({dcgm_crit}))',
-               "0m", "warning", "GPU {{ $labels.gpu }} on {{ $labels.host }}: Xid {{ $labels.xid }}{{ $value }}; "
-               "kept until acknowledged", book),
+               "0m", "warning", f"GPU {{{{ $labels.gpu }}}} on {{{{ $labels.host }}}}: Xid {xid}", book),
         _alert("D3GpuQueryFailed", 'd3_textfile_success{job="d3-node", failed=~"(.*,)?nvidia-smi(,.*)?"} == 0',
                opts["gpu_for"], "critical", "{{ $labels.host }}: nvidia-smi fails (a GPU off the bus, or the driver)", book),
         _alert("D3GpuLost", "d3:host_gpus:count < on (host) d3:host_gpus:planned",
@@ -459,7 +461,7 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
             opts["replicas_for"], "critical",
             f"router {{{{ $labels.host }}}}: {{{{ $value }}}} of {served}'s answering replicas are UP (plan: {len(servers)})",
             book, model=served))  # fmt: skip
-    records = _records(models, _planned_gpus(models))
+    records = _records(_planned_gpus(models))
     return {"rules": {"groups": [{"name": "d3-fleet", "rules": records + rules}]}, "errors": errors}
 
 
@@ -544,7 +546,7 @@ def metrics_alertmanager(
 
 def _when(text: Any) -> datetime | None:
     try:
-        when = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+        when = datetime.fromisoformat(str(text))  # Python 3.11 reads a trailing Z as UTC
     except ValueError:
         return None
     return when if when.tzinfo else None

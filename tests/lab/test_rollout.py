@@ -35,6 +35,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -452,16 +453,24 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
 
     urls = routerkit.endpoint_urls(routed, [MODEL])
     watcher = threading.Thread(target=reload_while_drained, daemon=True)
+    # the monitor's webhook (the lab's receiver, a STAND-IN pager) listens through the rollout: it must get nothing
+    hook, since = tmp_path / "webhook.jsonl", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    hook.touch()
+    receiver = subprocess.Popen([sys.executable, str(labkit.ROOT / "lab/webhook/receiver.py"), "--port", "19099", "--out", str(hook)])
     # the fleet in two batches: d3-lab-host1 (no d3-lite) restarts beside d3-lab-host2, whose d3-lite replicas go one
     # at a time; then d3-lab-host3 (batches of the default serial: tests/test_rollout_batches.py)
     serial = [2, 1]
-    # d3-lite's show stat sampled on the router throughout: each given-back replica's share of new requests
-    with routerkit.StatSampler(backend) as sampler, routerkit.KeepAliveClients(urls, CLIENTS) as clients:
-        watcher.start()
-        run = run_playbook("playbooks/rollout.yml", extravars={"d3_image_name": f"{IMAGE}:nightly-next", "d3_rollout_serial": serial},
-                           inventory=slow)  # fmt: skip
-        routerkit.stop_waiting()
-        watcher.join(timeout=30)
+    try:
+        # d3-lite's show stat sampled on the router throughout: each given-back replica's share of new requests
+        with routerkit.StatSampler(backend) as sampler, routerkit.KeepAliveClients(urls, CLIENTS) as clients:
+            watcher.start()
+            run = run_playbook("playbooks/rollout.yml", extravars={"d3_image_name": f"{IMAGE}:nightly-next", "d3_rollout_serial": serial},
+                               inventory=slow)  # fmt: skip
+            routerkit.stop_waiting()
+            watcher.join(timeout=30)
+    except BaseException:
+        receiver.terminate()
+        raise
     seen = clients.figures()
     print(f"\nrollout to nightly-next, {CLIENTS} keep-alive clients through {sorted(set(urls.values()))}: {seen['requests']} "
           f"requests on {seen['connections']} connections, {len(seen['failed'])} failed, {seen['min_s']} / {seen['median_s']} / "
@@ -607,6 +616,20 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     after = status(tmp_path, "nightly-next", slow)
     assert all(row["drift"] == [] and row["health"] == "ready" for row in after), after
     assert {row["digest"] for row in after} == {new}
+
+    # planned work did not page (issue 32): through the rollout and the status run after it (about 20 s, longer than
+    # the lab's replica and router for:), the webhook got no alert that started since the rollout began, the Watchdog
+    # aside; the rollout posted its silences to Alertmanager and removed them at its end (expired, comment its own)
+    receiver.terminate()
+    receiver.wait(timeout=10)
+    pages = [a["labels"]["alertname"] for line in hook.read_text().splitlines() for rec in [json.loads(line)]
+             if rec["path"] == "/alerts" and rec["body"] for a in rec["body"]["alerts"] if a["startsAt"][:19] >= since]  # fmt: skip
+    assert pages == [], pages
+    silences = json.loads(on_host(routerkit.ROUTER, "python3 -c 'import urllib.request; "
+                                  "print(urllib.request.urlopen(\"http://127.0.0.1:9093/api/v2/silences\").read().decode())'"))  # fmt: skip
+    ours = [x for x in silences if x["createdBy"] == "d3-fleet" and "planned restart of" in x["comment"] and x["startsAt"][:19] >= since]
+    assert ours and {x["status"]["state"] for x in ours} == {"expired"}, ours
+    print(f"webhook during the rollout: nothing; {len(ours)} silences posted and removed ({ours[0]['comment']})")
 
 
 def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_and_no_request_fails(

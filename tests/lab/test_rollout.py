@@ -38,12 +38,14 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import labkit
 import pytest
 import routerkit
+import yaml
 from drillkit import figure
 from labkit import IMAGE, ROOT, Run, on_host, registry_digest, run_playbook, running
 from routerkit import MODEL, PAIR_HOST, REPLICAS, ROUTER, WARMUP_S, load_tool, server_states, set_state
@@ -388,6 +390,19 @@ def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str,
            f"{len(failover['late'])} of them sent 1 s or more after the move", started)  # fmt: skip
 
 
+def alertmanager(method: str = "GET", path: str = "/api/v2/silences") -> Any:
+    """The lab monitor's Alertmanager API v2 (it listens on the monitor's loopback; the monitor is ROUTER)."""
+    script = ("import sys, urllib.request; r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], method=sys.argv[2])); "
+              "print(r.read().decode() or 'null')")  # fmt: skip
+    return json.loads(on_host(ROUTER, f"python3 -c {script!r} 'http://127.0.0.1:9093{path}' {method}"))
+
+
+def rollout_silences(since: str) -> list[dict[str, Any]]:
+    """The silences a planned restart posted (d3_metrics silence.yml) that started at ``since`` (UTC) or later."""
+    return [x for x in alertmanager() if x["createdBy"] == "d3-fleet" and "planned restart of" in x["comment"]
+            and x["startsAt"][:19] >= since]  # fmt: skip
+
+
 # what the drill's status run saw (asked about nightly-next): the whole-fleet rollout's drift before it
 BEFORE_NEXT: dict[str, Any] = {}
 
@@ -625,9 +640,7 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     pages = [a["labels"]["alertname"] for line in hook.read_text().splitlines() for rec in [json.loads(line)]
              if rec["path"] == "/alerts" and rec["body"] for a in rec["body"]["alerts"] if a["startsAt"][:19] >= since]  # fmt: skip
     assert pages == [], pages
-    silences = json.loads(on_host(routerkit.ROUTER, "python3 -c 'import urllib.request; "
-                                  "print(urllib.request.urlopen(\"http://127.0.0.1:9093/api/v2/silences\").read().decode())'"))  # fmt: skip
-    ours = [x for x in silences if x["createdBy"] == "d3-fleet" and "planned restart of" in x["comment"] and x["startsAt"][:19] >= since]
+    ours = rollout_silences(since)
     assert ours and {x["status"]["state"] for x in ours} == {"expired"}, ours
     print(f"webhook during the rollout: nothing; {len(ours)} silences posted and removed ({ours[0]['comment']})")
 
@@ -638,7 +651,7 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
     (serial 1). The rollout stops at the canary, which is drained again, goes back to its previous digest by itself,
     passes its smoke and is given back to the router; the other replica is never drained nor restarted; no client
     request fails."""
-    started = time.monotonic()
+    started, since = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     canary, other = REPLICAS
     before = {h: running(h) for h in REPLICAS}
     good = {image for image, _ in before[canary].values()}
@@ -677,6 +690,19 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
         )
         assert json.loads(answer)["object"] == "structured_decision"
     assert running(other) == before[other]
+
+    # a rollout that stops skips its end play (docs/rollouts.md), so its silences are not removed: they stay active
+    # with their own expiry, d3_metrics_silence_minutes after their start (the role default, 60: the lab sets none)
+    left = rollout_silences(since)
+    assert left and {x["status"]["state"] for x in left} == {"active"}, left
+    minutes = yaml.safe_load((ROOT / "roles/d3_metrics/defaults/main.yml").read_text())["d3_metrics_silence_minutes"]
+    spans = {(datetime.fromisoformat(x["endsAt"].replace("Z", "+00:00")) - datetime.fromisoformat(x["startsAt"].replace("Z", "+00:00")))
+             .total_seconds() for x in left}  # fmt: skip
+    assert all(minutes * 60 - 60 <= s <= minutes * 60 for s in spans), (spans, left)
+    # what the operator does after reading the failure: expire them (they would hold the next session's checks quiet)
+    for silence in left:
+        alertmanager("DELETE", f"/api/v2/silence/{silence['id']}")
+    assert {x["status"]["state"] for x in rollout_silences(since)} == {"expired"}
     figure(9, "broken image at the canary", f"stopped at the canary {canary}, drained again, back on its previous digest, "
            f"serving and given back to the router; the other replica untouched; 0 failed requests", started)  # fmt: skip
 

@@ -80,11 +80,12 @@ PLAY = """
 """
 
 
-def run(tmp_path: Path, listen: str) -> Any:
+def run(tmp_path: Path, listen: str | None) -> Any:
+    """``listen`` None: the monitor sets no d3_metrics_alertmanager_listen_address (the role default, as the lab's)."""
     hosts = {"l4-a": {"models": ["d3-flash", "d3-mini"]}, "l4-b": {"models": ["d3-flash"]}}
+    monitor = {} if listen is None else {"d3_metrics_alertmanager_listen_address": listen}
     inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-                         "children": {"l4-nodes": {"hosts": hosts},
-                                      "d3-monitors": {"hosts": {"mon": {"d3_metrics_alertmanager_listen_address": listen}}}}}}  # fmt: skip
+                         "children": {"l4-nodes": {"hosts": hosts}, "d3-monitors": {"hosts": {"mon": monitor}}}}}  # fmt: skip
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(PLAY)
     return ansible_playbook(str(tmp_path / "play.yml"), "-i", str(tmp_path / "hosts.yml"), timeout=300,
@@ -118,3 +119,13 @@ def test_an_alertmanager_that_does_not_answer_is_a_warning(tmp_path: Path) -> No
     said = " ".join(proc.stdout.replace("'", "").split())  # the callback wraps and quotes long messages
     assert "WARNING: a monitors Alertmanager did not take this runs silences" in said, said[-3000:]
     assert "WARNING: a monitors Alertmanager did not list or delete this runs silences" in said
+
+
+def test_a_monitor_on_the_role_default_address_gets_the_silences_there(tmp_path: Path) -> None:
+    """A monitor without its own d3_metrics_alertmanager_listen_address (the lab's, and any inventory that keeps the
+    default) is reached at the role default, 127.0.0.1:9093: the run posts there (nothing listens here: a warning),
+    it does not fail looking the variable up in hostvars (the lab's session converge did, 2026-12-05)."""
+    proc = run(tmp_path, None)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    said = " ".join(proc.stdout.replace("'", "").split())
+    assert "WARNING: a monitors Alertmanager did not take this runs silences" in said, said[-3000:]

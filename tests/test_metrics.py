@@ -659,6 +659,22 @@ def test_a_monitor_address_from_ansible_host_or_the_name(fleet: dict[str, Any]) 
     assert ("d3-router", "router2:8405") in [(t["job"], t["target"]) for t in out["targets"]]
 
 
+def test_another_router_and_monitor_are_reached_at_their_backend_address(fleet: dict[str, Any]) -> None:
+    """A router or monitor reached over SSH through a NAT (the lab's: every ansible_host is 127.0.0.1) is scraped at its
+    backend_address: at ansible_host the monitor would scrape itself and call it the other router (the lab's pair
+    did, 2026-12-05: router2's exporters were router1's, so router2 stopped paged nothing)."""
+    routers = {"router1": {"ansible_host": "127.0.0.1", "backend_address": "10.79.0.11", "metrics_port": 8405},
+               "router2": {"ansible_host": "127.0.0.1", "backend_address": "10.79.0.12", "metrics_port": 8405}}  # fmt: skip
+    others = {"router1": {"ansible_host": "127.0.0.1", "backend_address": "10.79.0.11"},
+              "mon2": {"ansible_host": "127.0.0.1", "backend_address": "10.79.0.13"}}  # fmt: skip
+    out = metrics_scrape(fleet, "router1", routers, others)
+    got = {(t["job"], t["labels"]["host"]): t["target"] for t in out["targets"] if t["labels"]["host"] != "l4-a"
+           and t["labels"]["host"] != "l4-b"}  # fmt: skip
+    assert got[("d3-router", "router2")] == "10.79.0.12:8405" and got[("d3-node", "router2")] == "10.79.0.12:9100"
+    assert got[("d3-node", "mon2")] == "10.79.0.13:9100"
+    assert got[("d3-router", "router1")] == "127.0.0.1:8405" and got[("d3-node", "router1")] == "127.0.0.1:9100"  # itself
+
+
 SUMMARIES = {
     "Watchdog": "Always firing: the dead-man's switch. Its receiver alarms when it stops arriving.",
     "D3HostDown": "{{ $labels.host }} does not answer (its node exporter is unreachable)",

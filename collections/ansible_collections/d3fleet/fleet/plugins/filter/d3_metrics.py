@@ -197,8 +197,9 @@ def metrics_scrape(
     options: Any = None,
 ) -> dict[str, Any]:
     """``_input``: every host of ``l4-nodes`` as ``d3_router_backends`` takes them (``{host: {plan, backend_address,
-    backend_port_offset, ansible_host}}``); ``routers``: ``{router: {ansible_host, metrics_port}}``; ``others``:
-    ``{host: {ansible_host}}``, further hosts whose node exporter is scraped (the monitors). Returns ``{config,
+    backend_port_offset, ansible_host}}``); ``routers``: ``{router: {ansible_host, backend_address, metrics_port}}``;
+    ``others``: ``{host: {ansible_host, backend_address}}``, further hosts whose node exporter is scraped (the
+    monitors). Every host is reached at its ``backend_address`` when set, else its ``ansible_host``. Returns ``{config,
     targets, errors}``: ``config`` is prometheus.yml as data, ``targets`` one row per target (job, target, labels)."""
     errors: list[str] = []
     opts = _options(options, errors)

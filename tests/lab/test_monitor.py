@@ -258,117 +258,123 @@ def notifications(receiver: Path, since: float) -> list[dict[str, Any]]:
     return [r for r in records if r["received"] >= since and r["path"] == "/alerts" and r["body"]]
 
 
-def groups_firing(receiver: Path, since: float, started: str) -> dict[str, list[str]]:
-    """groupKey -> the alert names of the firing notifications since ``since`` whose alerts started at ``started`` or
-    later (an earlier episode's retried notification is left out)."""
-    out: dict[str, list[str]] = {}
+def groups_firing(receiver: Path, since: float, started: str) -> dict[str, dict[str, Any]]:
+    """groupKey -> {labels: the group's labels (alertname, host), names: the alert names, received: the first one's
+    time} of the firing notifications
+    since ``since`` whose alerts started at ``started`` or later (an earlier episode's retried notification is left
+    out)."""
+    out: dict[str, dict[str, Any]] = {}
     for record in notifications(receiver, since):
         body = record["body"]
         names = [a["labels"]["alertname"] for a in body["alerts"] if a["status"] == "firing" and a["startsAt"][:19] >= started]
         if names:
-            out.setdefault(body["groupKey"], []).extend(names)
+            group = out.setdefault(body["groupKey"], {"labels": body["groupLabels"], "names": [], "received": record["received"]})
+            group["names"].extend(names)
     return out
-
-
-def one_group_then_resolved(receiver: Path, alertname: str, fault: Any, undo: Any, bound: float, what: str) -> dict[str, float]:
-    """Cause ``fault``, wait for ``alertname`` at the webhook within ``bound`` s and no other notification group, undo
-    it, wait for the resolved notification. Returns the seconds to fire and to resolve."""
-    since, started = time.time(), time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 1))
-    t0 = time.monotonic()
-    fault()
-    try:
-        groups = wait_until(f"{alertname} at the webhook ({what})",
-                            lambda: {k: v for k, v in groups_firing(receiver, since, started).items() if alertname in v} or None,
-                            timeout=bound + 60, poll=0.5)  # fmt: skip
-        fired = time.monotonic() - t0
-        time.sleep(2 * EVAL_S + GROUP_WAIT_S)  # room for a second group to show (there must be none)
-        every = groups_firing(receiver, since, started)
-        assert len(every) == 1 and set(every) == set(groups), f"{what}: notification groups {every}"
-        assert fired <= bound, f"{what}: {alertname} reached the webhook {fired:.1f} s after the fault, bound {bound} s"
-    finally:
-        t1 = time.monotonic()
-        undo()
-
-    def resolved() -> bool | None:
-        return any(r["body"]["status"] == "resolved" and r["body"]["groupKey"] in groups
-                   for r in notifications(receiver, since)) or None  # fmt: skip
-
-    wait_until(f"{alertname} resolved at the webhook ({what})", resolved, timeout=120, poll=0.5)
-    figures = {"fired_s": round(fired, 1), "resolved_s": round(time.monotonic() - t1, 1)}
-    print(f"{what}: one notification group ({alertname}) {figures['fired_s']} s after the fault (bound {bound} s), "
-          f"resolved {figures['resolved_s']} s after the fix")
-    return figures
 
 
 STALL_S, GPU_FOR_S, TEXTFILE_S, HOST_DOWN_S = 20, 10, 10, 10  # the lab inventory's d3_metrics_* values
 
 
-def test_a_wedged_engine_pages_once_then_resolves(planned: list[dict[str, Any]], receiver: Path) -> None:
-    """The simulator's STAND-IN wedge switch (D3_SIM_WEDGE_FILE, /tmp/d3-sim-wedge in the container) holds three
-    requests on one instance without finishing any, while /health still answers: D3EngineStalled reaches the webhook,
-    one group, within the stall window + two scrapes, an evaluation and group_wait (+ one scrape for the window to
-    start); the switch removed, the requests finish and it resolves."""
+def test_three_faults_at_once_each_page_one_group_within_its_bound_then_resolve(
+    planned: list[dict[str, Any]], host_names: list[str], receiver: Path
+) -> None:
+    """Three faults on three hosts at once (one wait instead of three: issue 32's drills ride together), each must give
+    exactly one notification group at the webhook, for its own host, within its bound, and no other group may show;
+    each resolves once undone. Grouping is by alertname and host and every inhibition is within a host, so faults on
+    different hosts cannot hide or merge each other's pages.
+    - a wedged engine: the simulator's STAND-IN wedge switch (D3_SIM_WEDGE_FILE, /tmp/d3-sim-wedge in the container)
+      holds three requests on one instance without finishing any while /health still answers: D3EngineStalled within
+      the stall window + three scrapes, an evaluation and group_wait;
+    - nvidia-smi failing: the lab NVIDIA stand-in's gpu-lost switch (/run/lab-nvidia/gpu-lost: every query fails, exit
+      15): D3GpuQueryFailed (its GPU count alert inhibited) within a textfile interval + d3_metrics_gpu_for + two
+      scrapes, an evaluation and group_wait;
+    - a router host stopped (podman stop; one that is not the monitor): D3HostDown (its D3RouterDown and target alerts
+      inhibited) within d3_metrics_host_down_for + two scrapes, an evaluation and group_wait; started again
+      (routerkit.restart_router: its VRRP link is made again) it resolves."""
+    import labkit
+    import routerkit
     from drillkit import ports
 
     victim = next(t["labels"] for t in planned if t["job"] == "d3-vllm")
-    host, name = victim["host"], victim["name"]
-    port = ports(host)[name]
+    wedged, name = victim["host"], victim["name"]
+    port = ports(wedged)[name]
     body = json.dumps({"model": victim["model"], "state": "x", "questions": {"q": {"type": "noul", "instructions": "ok?"}}})
     ask = f"curl -s -o /dev/null -m 150 http://127.0.0.1:{port}/v1/systemone -H 'Content-Type: application/json' -d '{body}'"
-
-    def wedge() -> None:
-        on_host(host, f"podman exec {name} touch /tmp/d3-sim-wedge && for i in 1 2 3; do (setsid {ask} &) ; done")
-
-    def unwedge() -> None:
-        on_host(host, f"podman exec {name} rm -f /tmp/d3-sim-wedge")
-
-    one_group_then_resolved(receiver, "D3EngineStalled", wedge, unwedge, STALL_S + 3 * SCRAPE_S + EVAL_S + GROUP_WAIT_S,
-                            f"wedged engine {host}/{name}")  # fmt: skip
-    assert on_host(host, f"curl -s -o /dev/null -w '%{{http_code}}' -m 10 http://127.0.0.1:{port}/health") == "200"
-
-
-def test_a_failing_nvidia_smi_pages_once_then_resolves(planned: list[dict[str, Any]], host_names: list[str], receiver: Path) -> None:
-    """The lab NVIDIA stand-in's gpu-lost switch (/run/lab-nvidia/gpu-lost: every query fails, exit 15) on one host:
-    D3GpuQueryFailed reaches the webhook, one group (its GPU count alert is inhibited), within a textfile interval +
-    d3_metrics_gpu_for + two scrapes, an evaluation and group_wait; the switch removed, it resolves."""
-    host = host_names[-1]
-    if "GPU_LOST" not in on_host(host, "cat /usr/bin/nvidia-smi"):
-        pytest.fail(f"{host}'s stand-in nvidia-smi predates the gpu-lost switch (lab/nvidia): re-create the lab "
+    gpu_host = host_names[-1]
+    if "GPU_LOST" not in on_host(gpu_host, "cat /usr/bin/nvidia-smi"):
+        pytest.fail(f"{gpu_host}'s stand-in nvidia-smi predates the gpu-lost switch (lab/nvidia): re-create the lab "
                     "(make lab-down && make lab)")  # fmt: skip
-    one_group_then_resolved(receiver, "D3GpuQueryFailed", lambda: on_host(host, "touch /run/lab-nvidia/gpu-lost"),
-                            lambda: on_host(host, "rm -f /run/lab-nvidia/gpu-lost"),
-                            TEXTFILE_S + GPU_FOR_S + 2 * SCRAPE_S + EVAL_S + GROUP_WAIT_S, f"nvidia-smi failing on {host}")  # fmt: skip
-
-
-def test_a_router_down_pages_once_then_resolves(planned: list[dict[str, Any]], receiver: Path) -> None:
-    """Works with whichever routers the lab inventory has. A router host that is not the monitor: the host stopped
-    (podman stop), D3HostDown reaches the webhook as one group (its D3RouterDown inhibited), started again it
-    resolves. The lab's one router is also the monitor: its HAProxy stopped instead, D3RouterDown as one group (its
-    replica counts have no series: a dead router counts nothing)."""
-    import labkit
-
     groups = labkit.lab_inventory()["all"]["children"]
-    routers = sorted(groups.get("d3-routers", {}).get("hosts") or {})
     monitors = set(groups.get("d3-monitors", {}).get("hosts") or {})
-    assert routers, "the lab inventory has no router"
-    spare = [r for r in routers if r not in monitors]
-    bound = HOST_DOWN_S + 2 * SCRAPE_S + EVAL_S + GROUP_WAIT_S
-    if spare:
-        victim = spare[0]
+    spare = [r for r in ROUTERS if r not in monitors]
+    assert spare, f"the lab has no router that is not the monitor ({ROUTERS}): make lab (the router pair)"
+    router = spare[0]
+    assert len({wedged, gpu_host, router}) == 3, (wedged, gpu_host, router)
 
-        def back() -> None:
-            import routerkit
+    def router_back() -> None:
+        routerkit.restart_router(router)  # podman start, its VRRP link made again (a stop takes it), keepalived up
+        wait_until(f"{router}'s node exporter up", lambda: query(f'up{{job="d3-node",host="{router}"}} == 1'), timeout=120, poll=1)
 
-            routerkit.restart_router(victim)  # podman start, its VRRP link made again (a stop takes it), keepalived up
-            wait_until(f"{victim}'s node exporter up", lambda: query(f'up{{job="d3-node",host="{victim}"}} == 1'), timeout=120, poll=1)
+    drills = [
+        {"what": f"wedged engine {wedged}/{name}", "alert": "D3EngineStalled", "host": wedged,
+         "bound": STALL_S + 3 * SCRAPE_S + EVAL_S + GROUP_WAIT_S,
+         "fault": lambda: on_host(wedged, f"podman exec {name} touch /tmp/d3-sim-wedge && for i in 1 2 3; do (setsid {ask} &) ; done"),
+         "undo": lambda: on_host(wedged, f"podman exec {name} rm -f /tmp/d3-sim-wedge")},
+        {"what": f"nvidia-smi failing on {gpu_host}", "alert": "D3GpuQueryFailed", "host": gpu_host,
+         "bound": TEXTFILE_S + GPU_FOR_S + 2 * SCRAPE_S + EVAL_S + GROUP_WAIT_S,
+         "fault": lambda: on_host(gpu_host, "touch /run/lab-nvidia/gpu-lost"),
+         "undo": lambda: on_host(gpu_host, "rm -f /run/lab-nvidia/gpu-lost")},
+        {"what": f"router host {router} stopped", "alert": "D3HostDown", "host": router,
+         "bound": HOST_DOWN_S + 2 * SCRAPE_S + EVAL_S + GROUP_WAIT_S,
+         "fault": lambda: labkit.podman("stop", "-t", "5", router, check=True), "undo": router_back},
+    ]  # fmt: skip
+    since, started = time.time(), time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 1))
+    done: list[dict[str, Any]] = []
+    try:
+        for drill in drills:
+            drill["at"] = time.time()
+            done.append(drill)
+            drill["fault"]()
 
-        one_group_then_resolved(receiver, "D3HostDown", lambda: labkit.podman("stop", "-t", "5", victim, check=True), back,
-                                bound, f"router host {victim} stopped")  # fmt: skip
-    else:
-        victim = routers[0]
-        one_group_then_resolved(receiver, "D3RouterDown", lambda: on_host(victim, "systemctl stop haproxy"),
-                                lambda: on_host(victim, "systemctl start haproxy"), bound, f"HAProxy stopped on {victim}")  # fmt: skip
-    wait_until("every router UP again", lambda: len(query('up{job="d3-router"} == 1')) == len(routers) or None, timeout=60, poll=1)
+        def all_fired() -> bool | None:
+            every = groups_firing(receiver, since, started)
+            for drill in drills:
+                own = [k for k, g in every.items() if g["labels"].get("host") == drill["host"] and drill["alert"] in g["names"]]
+                if own and "fired_s" not in drill:  # the receiver's clock: the time the notification arrived
+                    drill["fired_s"], drill["groups"] = round(min(every[k]["received"] for k in own) - drill["at"], 1), own
+            return all("fired_s" in d for d in drills) or None
+
+        wait_until("each fault's alert at the webhook", all_fired, timeout=max(d["bound"] for d in drills) + 60, poll=0.5)
+        time.sleep(2 * EVAL_S + GROUP_WAIT_S)  # room for a second group to show (there must be none)
+        every = groups_firing(receiver, since, started)
+        for drill in drills:
+            mine = {k: g for k, g in every.items() if g["labels"].get("host") == drill["host"]}
+            assert list(mine) == drill["groups"] and set(mine[drill["groups"][0]]["names"]) == {drill["alert"]}, \
+                f"{drill['what']}: notification groups for {drill['host']}: {mine}"  # fmt: skip
+            assert drill["fired_s"] <= drill["bound"], f"{drill['what']}: {drill['alert']} reached the webhook " \
+                f"{drill['fired_s']} s after the fault, bound {drill['bound']} s"  # fmt: skip
+        assert set(every) == {d["groups"][0] for d in drills}, f"groups beside the three faults' own: {every}"
+    finally:
+        for drill in done:
+            drill["undone"] = time.time()
+            drill["undo"]()
+
+    def resolved() -> bool | None:
+        answered = notifications(receiver, since)
+        for drill in drills:
+            back = [r["received"] for r in answered if r["body"]["status"] == "resolved" and r["body"]["groupKey"] in drill["groups"]]
+            if back and "resolved_s" not in drill:  # a resolve before the undo would be negative: checked below
+                drill["resolved_s"] = round(min(back) - drill["undone"], 1)
+        return all("resolved_s" in d for d in drills) or None
+
+    wait_until("each fault's group resolved at the webhook", resolved, timeout=120, poll=0.5)
+    assert all(d["resolved_s"] >= 0 for d in drills), drills  # resolved only once the fault was undone
+    for drill in drills:
+        print(f"{drill['what']}: one notification group ({drill['alert']}) {drill['fired_s']} s after the fault (bound "
+              f"{drill['bound']} s), resolved {drill['resolved_s']} s after the fix")  # fmt: skip
+    assert on_host(wedged, f"curl -s -o /dev/null -w '%{{http_code}}' -m 10 http://127.0.0.1:{port}/health") == "200"
+    wait_until("every router UP again", lambda: len(query('up{job="d3-router"} == 1')) == len(ROUTERS) or None, timeout=60, poll=1)
 
 
 def test_the_watchdog_reaches_its_own_receiver_on_schedule(receiver: Path) -> None:

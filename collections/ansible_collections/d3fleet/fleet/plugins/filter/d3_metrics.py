@@ -65,6 +65,7 @@ VLLM_READ = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_
              "vllm:request_queue_time_seconds_bucket", "vllm:request_success_total")  # fmt: skip
 # what a planned restart legitimately trips before its instances are back (the silences of d3_metrics_silences):
 # never D3InstanceDown, which waits out the catalog's cold start and so pages a restart that overruns it
+NODE_DOWN = '(up{job="d3-node"} == 0)'  # a host whose node exporter does not answer: D3HostDown's
 SILENCED_BY_MODEL = ("D3ModelReplicasMissing", "D3RouterQueue", "D3RequestsWaiting")
 SILENCED_BY_HOST = ("D3InstanceDigestDrift",)
 
@@ -384,10 +385,13 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
                "Always firing: the dead-man's switch. Its receiver alarms when it stops arriving.", book),
         _alert("D3HostDown", 'up{job="d3-node"} == 0', opts["host_down_for"], "critical",
                "{{ $labels.host }} does not answer (its node exporter is unreachable)", book),
-        _alert("D3RouterDown", 'up{job="d3-router"} == 0', opts["host_down_for"], "critical",
+        # a host down is D3HostDown's alone: its other exporters' alerts have the same for:, and whichever scrape
+        # failed first would fire (and notify) before the inhibition's source exists (the lab's router stopped paged
+        # D3RouterDown beside D3HostDown, 2026-12-05); `unless` resets them once the host's node exporter is down too
+        _alert("D3RouterDown", f'up{{job="d3-router"}} == 0 unless on (host) {NODE_DOWN}', opts["host_down_for"], "critical",
                "router {{ $labels.host }}: HAProxy's exporter does not answer", book),
-        _alert("D3TargetDown", 'up{job=~"d3-prometheus|d3-alertmanager|d3-dcgm"} == 0', opts["host_down_for"], "critical",
-               "{{ $labels.job }} on {{ $labels.host }} does not answer", book),
+        _alert("D3TargetDown", f'up{{job=~"d3-prometheus|d3-alertmanager|d3-dcgm"}} == 0 unless on (host) {NODE_DOWN}',
+               opts["host_down_for"], "critical", "{{ $labels.job }} on {{ $labels.host }} does not answer", book),
         _alert("D3KvCacheHigh",
                f'max by (host, instance, name, model) (vllm:kv_cache_usage_perc{{job="d3-vllm"}}) > {opts["kv_cache_ratio"]}',
                opts["kv_cache_for"], "warning", f"{where}: KV cache {{{{ $value | humanizePercentage }}}} used", book),

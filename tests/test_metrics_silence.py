@@ -80,7 +80,7 @@ PLAY = """
 """
 
 
-def run(tmp_path: Path, listen: str | None) -> Any:
+def run(tmp_path: Path, listen: str | None, **env: str) -> Any:
     """``listen`` None: the monitor sets no d3_metrics_alertmanager_listen_address (the role default, as the lab's)."""
     hosts = {"l4-a": {"models": ["d3-flash", "d3-mini"]}, "l4-b": {"models": ["d3-flash"]}}
     monitor = {} if listen is None else {"d3_metrics_alertmanager_listen_address": listen}
@@ -89,7 +89,7 @@ def run(tmp_path: Path, listen: str | None) -> Any:
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(PLAY)
     return ansible_playbook(str(tmp_path / "play.yml"), "-i", str(tmp_path / "hosts.yml"), timeout=300,
-                            ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")  # fmt: skip
+                            ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default", **env)  # fmt: skip
 
 
 def test_a_run_posts_its_silences_and_deletes_only_them(tmp_path: Path) -> None:
@@ -129,3 +129,15 @@ def test_a_monitor_on_the_role_default_address_gets_the_silences_there(tmp_path:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     said = " ".join(proc.stdout.replace("'", "").split())
     assert "WARNING: a monitors Alertmanager did not take this runs silences" in said, said[-3000:]
+
+
+def test_a_run_without_a_user_name_says_so_in_the_comment(tmp_path: Path) -> None:
+    """USER empty (a container, a CI job): the comment names no user rather than an empty one ("by  at", the lab's
+    rollout under load showed it)."""
+    FakeAlertmanager.silences.clear()
+    FakeAlertmanager.calls.clear()
+    with serve(FakeAlertmanager) as url:
+        proc = run(tmp_path, url.removeprefix("http://"), USER="")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    comments = {s["comment"] for s in FakeAlertmanager.silences.values()}
+    assert comments and all(" by an unnamed user at 20" in c for c in comments), comments

@@ -367,7 +367,7 @@ FLEET = {
 ROUTERS = {"router-1": {"ansible_host": "10.0.0.9", "d3_router_port": 8000, "d3_router_metrics_port": 8405,
                         "d3_router_health_port": 8406, "d3_router_listen_address": "0.0.0.0",
                         "d3_router_ports": {"d3-mini": 9100}}}  # fmt: skip
-MONITORS = {"mon-1": {"ansible_host": "10.0.0.8"}}
+MONITORS = {"mon-1": {"ansible_host": "10.0.0.8", "d3_metrics_runbook_url": "https://wiki.example/runbook.md"}}
 
 
 def views(fleet_vars: dict[str, Any] = FLEET, routers: Any = ROUTERS, monitors: Any = MONITORS,
@@ -399,7 +399,7 @@ def test_routers_monitors_remaps_and_rollout_are_planned() -> None:
     assert seen["lines"][2] == ("  d3-mini (d3-mini, port 9100): backend be_d3-mini, 2 server(s): l4-a 10.0.0.1:8000, "
                                 "l4-b 10.0.0.2:8000")  # fmt: skip
     assert seen["lines"][3].startswith("== mon-1 (d3-monitors): ") and seen["lines"][3].endswith(" alert rule(s)")
-    assert "(d3-node 4, d3-router 1, d3-vllm 3)" in seen["lines"][3]
+    assert "(d3-alertmanager 1, d3-node 4, d3-prometheus 1, d3-router 1, d3-vllm 3)" in seen["lines"][3]
     assert seen["lines"][4] == ("== remaps: images from their registries (no d3_image_registry_mirrors); weights from "
                                 "huggingface.co (no d3_weights_hf_endpoint)")  # fmt: skip
     assert seen["lines"][5] == ('== rollout (d3_rollout_serial [1, "25%", "100%"], d3_rollout_max_unavailable 1): '
@@ -552,25 +552,29 @@ def test_the_monitor_and_router_filters_get_their_role_s_options(monkeypatch: py
     monkeypatch.setattr(d3_fleet_plan, "metrics_rules", lambda *a: calls["rules"].append(a) or {"rules": {}, "errors": []})
     routed = {"models": [], "errors": [], "endpoint": {}, "metrics": {}}
     monkeypatch.setattr(d3_fleet_plan, "router_backends", lambda *a: calls["router"].append(a) or routed)
-    monitor = {"ansible_host": "10.0.0.8", "d3_metrics_scrape_interval": "5s", "d3_metrics_evaluation_interval": "6s",
-               "d3_metrics_node_exporter_port": 9111, "d3_metrics_alertmanager": "127.0.0.1:9999",
-               "d3_metrics_rules_file": "/r.yml"}  # fmt: skip
-    router = {"ansible_host": "10.0.0.9", "d3_router_ports": {"d3-mini": 9100}, "d3_router_listen_address": "0.0.0.0",
-              "d3_router_port": 8001, "d3_router_metrics_port": 8406, "d3_router_metrics_allowed": ["10.0.0.8"],
-              "d3_router_allowed_paths": ["/x"], "d3_router_health_port": 8407}  # fmt: skip
+    monitor = {"ansible_host": "10.0.0.8", "d3_router_backend_address": "10.9.0.8", "d3_metrics_scrape_interval": "5s",
+               "d3_metrics_evaluation_interval": "6s", "d3_metrics_node_exporter_port": 9111, "d3_metrics_alertmanager": "127.0.0.1:9999",
+               "d3_metrics_rules_file": "/r.yml", "d3_metrics_runbook_url": "https://wiki.example/runbook.md"}  # fmt: skip
+    # every port away from every default (endpoint 8000, metrics 8405, health 8406): a port read from the wrong
+    # variable, or a default where the inventory's value belongs, shows
+    router = {"ansible_host": "10.0.0.9", "d3_router_backend_address": "10.9.0.9", "d3_router_ports": {"d3-mini": 9100},
+              "d3_router_listen_address": "0.0.0.0", "d3_router_port": 8001, "d3_router_metrics_port": 8408,
+              "d3_router_metrics_allowed": ["10.0.0.8"], "d3_router_allowed_paths": ["/x"],
+              "d3_router_health_port": 8407}  # fmt: skip
     plan = fleet_plan(FLEET, CATALOG, COMMON)
     fleet_views(plan, FLEET, ["l4-a", "l4-b"], {"router-1": router}, {"mon-1": monitor})
     (fleet, name, ports, listen, options), = calls["router"]
     assert fleet == router_fleet(FLEET, plan["plans"], ["l4-a", "l4-b"]) and name == "router-1"
     assert ports == {"d3-mini": 9100} and listen == "0.0.0.0"
-    assert options == {"endpoint_port": 8001, "metrics_port": 8406, "health_port": 8407, "metrics_allowed": ["10.0.0.8"],
+    assert options == {"endpoint_port": 8001, "metrics_port": 8408, "health_port": 8407, "metrics_allowed": ["10.0.0.8"],
                        "allowed_paths": ["/x"]}  # fmt: skip
     (fleet, name, routers, others, options), = calls["scrape"]
-    assert name == "mon-1" and routers == {"router-1": {"ansible_host": "10.0.0.9", "metrics_port": 8406}}
-    assert others == {"mon-1": {"ansible_host": "10.0.0.8"}}
+    assert name == "mon-1" and routers == {"router-1": {"ansible_host": "10.0.0.9", "backend_address": "10.9.0.9",
+                                                         "metrics_port": 8408}}  # fmt: skip
+    assert others == {"mon-1": {"ansible_host": "10.0.0.8", "backend_address": "10.9.0.8"}}
     assert options == {"scrape_interval": "5s", "evaluation_interval": "6s", "node_exporter_port": 9111,
                        "alertmanager": "127.0.0.1:9999", "rules_file": "/r.yml"}  # fmt: skip
-    assert calls["rules"] == [(["m"], {})]
+    assert calls["rules"] == [(["m"], {"runbook_url": "https://wiki.example/runbook.md"})]
 
 
 def test_the_unit_inputs_checked_are_the_unit_role_s(monkeypatch: pytest.MonkeyPatch) -> None:

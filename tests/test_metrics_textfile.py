@@ -37,17 +37,23 @@ def test_the_query_parses_into_one_row_per_gpu() -> None:
         textfile.gpu_rows("0, a, b\n")
 
 
-def test_xid_lines_are_counted_per_gpu_by_pci_bus() -> None:
+def test_xid_lines_are_counted_per_bus_and_code_and_named_by_gpu_where_listed() -> None:
     rows = textfile.gpu_rows(H200 + L4_NO_ECC)
     log = ("NVRM: Xid (PCI:0000:00:07): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
            "NVRM: Xid (PCI:0000:00:07): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error\n"
            "NVRM: Xid (PCI:0000:00:99): 13, another GPU\nsome other line\n")  # fmt: skip
-    assert textfile.xid_counts(log, rows) == {"0": 0, "1": 2}
+    assert textfile.xid_counts(log + log.splitlines()[0], rows) == {("0000:00:07", "79"): 2, ("0000:00:07", "48"): 1,
+                                                                   ("0000:00:99", "13"): 1}  # fmt: skip
+    text = textfile.render(rows, textfile.xid_counts(log, rows), None, None, [])
+    assert 'd3_gpu_xid_events_total{pci_bus="0000:00:07",xid="79",gpu="1"} 1' in text
+    assert 'd3_gpu_xid_events_total{pci_bus="0000:00:99",xid="13"} 1' in text  # a bus nvidia-smi no longer lists
+    # nvidia-smi failing (the GPU off the bus): the Xid lines are still reported, by bus
+    assert 'd3_gpu_xid_events_total{pci_bus="0000:00:07",xid="79"} 1' in textfile.render([], textfile.xid_counts(log, []), None, None, [])
 
 
 def test_the_textfile_has_every_series_of_the_contract(tmp_path: Path) -> None:
     rows = textfile.gpu_rows(H200 + L4_NO_ECC)
-    text = textfile.render(rows, {"0": 0, "1": 2}, STATE, 1700000000.4, [])
+    text = textfile.render(rows, {("0000:00:07", "79"): 2}, STATE, 1700000000.4, [])
     assert 'd3_gpu_memory_total_bytes{gpu="0",uuid="GPU-cf2acb7f-3742-2fd9-e71f-713aa12e33e3"} 150754820096' in text
     assert 'd3_gpu_memory_used_bytes{gpu="1",uuid="GPU-b"} 1073741824' in text
     assert 'd3_gpu_utilization_ratio{gpu="1",uuid="GPU-b"} 0.57' in text
@@ -56,9 +62,9 @@ def test_the_textfile_has_every_series_of_the_contract(tmp_path: Path) -> None:
     assert 'd3_gpu_power_watts{gpu="1"' not in text  # [N/A] is left out, not 0
     assert 'd3_gpu_ecc_uncorrected_errors{gpu="0",uuid="GPU-cf2acb7f-3742-2fd9-e71f-713aa12e33e3"} 0' in text
     assert 'd3_gpu_ecc_uncorrected_errors{gpu="1"' not in text
-    assert 'd3_gpu_xid_events_total{gpu="1"} 2' in text
-    assert f'd3_instance_image_info{{instance="d3-flash",digest="sha256:{"a" * 64}"}} 1' in text
-    assert 'd3_instance_image_info{instance="d3-mini",' in text
+    assert 'd3_gpu_xid_events_total{pci_bus="0000:00:07",xid="79",gpu="1"} 2' in text
+    assert f'd3_instance_image_info{{name="d3-flash",digest="sha256:{"a" * 64}"}} 1' in text
+    assert 'd3_instance_image_info{name="d3-mini",' in text
     assert "d3_rollout_marker_timestamp_seconds 1700000000\n" in text
     assert text.endswith("d3_textfile_success 1\n")
     for name, kind in CONTRACT["d3"]["metrics"].items():
@@ -75,7 +81,7 @@ def test_missing_sources_are_said_and_nothing_is_invented() -> None:
     text = textfile.render([], {}, {"image_ref": "x:tag", "instances": {}}, None, [])
     assert "d3_instance_image_info" not in text and "d3_gpu_" not in text
     bad = textfile.render([], None, {"image_ref": "r@sha256:x", "instances": {'a"}\nevil 1': {}}}, None, [])
-    assert 'instance="invalid"' in bad and "evil" not in bad
+    assert 'name="invalid"' in bad and "evil" not in bad
 
 
 def stand_in_env(tmp: Path, count: int) -> dict[str, str]:
@@ -94,7 +100,7 @@ def stand_in_env(tmp: Path, count: int) -> dict[str, str]:
 def test_the_collector_runs_against_the_lab_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = stand_in_env(tmp_path, 2)
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nexec {sys.executable} {STAND_IN / 'usr/bin/nvidia-smi'} \"$@\"\n")
+    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {STAND_IN / "usr/bin/nvidia-smi"} "$@"\n')
     smi.chmod(0o755)
     (tmp_path / "out").mkdir()
     (tmp_path / "deployed.json").write_text(json.dumps(STATE))
@@ -112,6 +118,26 @@ def test_the_collector_runs_against_the_lab_stand_in(tmp_path: Path, monkeypatch
     assert "d3_textfile_success" in text
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the stand-in's setup creates device nodes (root)")
+def test_the_stand_in_s_lost_gpu_switch_fails_the_collector_s_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lab's STAND-IN nvidia-smi with its gpu-lost switch (LAB_NVIDIA_GPU_LOST) fails the collector's query (exit 15):
+    the textfile has no GPU rows and says nvidia-smi failed; without the switch the same query answers."""
+    env = stand_in_env(tmp_path, 2)
+    lost = tmp_path / "gpu-lost"
+    env["LAB_NVIDIA_GPU_LOST"] = str(lost)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec {sys.executable} {STAND_IN / 'usr/bin/nvidia-smi'} \"$@\"\n")
+    smi.chmod(0o755)
+    assert 'd3_gpu_memory_total_bytes{gpu="1",' in textfile.collect(str(smi), tmp_path / "none.json", tmp_path / "m")
+    lost.touch()
+    answer = subprocess.run([str(smi), "-L"], capture_output=True, text=True, check=False)
+    assert answer.returncode == 15 and "GPU is lost" in answer.stdout
+    text = textfile.collect(str(smi), tmp_path / "none.json", tmp_path / "m")
+    assert "d3_gpu_" not in text.replace("d3_gpu_xid", "") and 'failed="nvidia-smi' in text
+
+
 def test_a_failing_nvidia_smi_is_reported(tmp_path: Path) -> None:
     text = textfile.collect(str(tmp_path / "no-such-nvidia-smi"), tmp_path / "none.json", tmp_path / "marker")
     assert 'failed="nvidia-smi' in text and "d3_gpu_" not in text
@@ -119,3 +145,30 @@ def test_a_failing_nvidia_smi_is_reported(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{")
     text = textfile.collect(str(tmp_path / "no-such-nvidia-smi"), tmp_path / "bad.json", tmp_path / "marker")
     assert "state" in text.rsplit("failed=", 1)[1] and "d3_rollout_marker_timestamp_seconds " in text
+
+
+def test_a_host_without_gpus_runs_no_nvidia_smi_and_reports_success(tmp_path: Path) -> None:
+    """A router or a monitor (--no-gpu): no nvidia-smi, no Xid scan, so d3_textfile_success means its own sources."""
+    text = textfile.collect(str(tmp_path / "no-such-nvidia-smi"), tmp_path / "none.json", tmp_path / "marker", gpus=False)
+    assert text.endswith("d3_textfile_success 1\n") and "d3_gpu_" not in text
+
+
+def test_xid_lines_count_from_their_acknowledgement(tmp_path: Path) -> None:
+    """journalctl reads this boot's kernel log from the acknowledgement file's time on (--since=@mtime)."""
+    log = tmp_path / "args"
+    fake = tmp_path / "journalctl"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {log}\necho 'NVRM: Xid (PCI:0000:00:07): 79, off the bus'\n")
+    fake.chmod(0o755)
+    ack = tmp_path / "xid-acknowledged"
+    env_path = f"{tmp_path}:{os.environ['PATH']}"
+    old = os.environ["PATH"]
+    os.environ["PATH"] = env_path
+    try:
+        text = textfile.collect(str(tmp_path / "no-smi"), tmp_path / "none.json", tmp_path / "marker", True, ack)
+        assert "--since" not in log.read_text() and 'xid="79"' in text
+        ack.touch()
+        os.utime(ack, (1700000000, 1700000000))
+        textfile.collect(str(tmp_path / "no-smi"), tmp_path / "none.json", tmp_path / "marker", True, ack)
+        assert "-k -b --since=@1700000000 --no-pager" in log.read_text()
+    finally:
+        os.environ["PATH"] = old

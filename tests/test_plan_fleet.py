@@ -49,7 +49,8 @@ def test_the_example_plans_every_host_router_and_monitor_by_name(six: tuple[str,
     assert sorted(plan) == hosts
     for router in ("router-1", "router-2"):
         assert f"== {router} (d3-routers): fleet endpoint port 8000 (/v1/systemone, /v1/models, /health), metrics port 8405" in lines
-    assert any(line.startswith("== monitor-1 (d3-monitors): 29 scrape target(s) (d3-node 9, d3-router 2, d3-vllm 18)")
+    assert any(line.startswith("== monitor-1 (d3-monitors): 31 scrape target(s) "
+                               "(d3-alertmanager 1, d3-node 9, d3-prometheus 1, d3-router 2, d3-vllm 18)")
                for line in lines)  # fmt: skip
     assert "  d3-mini (d3-mini, fleet endpoint only): backend be_d3-mini, 8 server(s): l4-05 10.0.1.15:8000, " \
            "l4-05 10.0.1.15:8001, l4-05 10.0.1.15:8002, l4-05 10.0.1.15:8003, l4-06 10.0.1.16:8000, l4-06 10.0.1.16:8001, " \

@@ -141,7 +141,7 @@ def test_the_fleet_is_refused_before_anything_when_a_router_or_the_monitor_is_le
                      "vars": {"d3_units_api_key": "k3y-only-on-l4", "d3_firewall_enabled": True,
                               "d3_allowed_clients": ["10.0.0.10"]}},
         "d3-routers": {"hosts": {"router-1": {"ansible_host": "127.0.0.1"}}},
-        "d3-monitors": {"hosts": {"mon-1": {"ansible_host": "10.0.0.20"}}}}}}  # fmt: skip
+        "d3-monitors": {"hosts": {"mon-1": {"ansible_host": "10.0.0.20", "d3_metrics_runbook_url": "https://w.example/rb"}}}}}}  # fmt: skip
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     proc = ansible_playbook("playbooks/plan.yml", "-i", str(tmp_path / "hosts.yml"), "-vvv")
     assert proc.returncode != 0

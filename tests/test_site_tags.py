@@ -76,3 +76,20 @@ def test_a_partial_run_validates_every_role_s_arguments(tmp_path: Path, tags: st
     assert "Validating arguments against arg spec" in proc.stdout
     for role in roles:  # each role's own validation task ran, not only one of them
         assert f"TASK [{role} : Validating arguments against arg spec" in proc.stdout, role
+
+
+def test_every_tagged_include_applies_its_tags_to_the_included_tasks() -> None:
+    """An include_role's or include_tasks' own tags select the include only: its tasks run under `--tags` only with
+    `apply: {tags: ...}` (site.yml --tags router once skipped the drain restore, --tags units the silences)."""
+    import yaml
+
+    site = yaml.safe_load((ROOT / "collections/ansible_collections/d3fleet/fleet/playbooks/site.yml").read_text())
+    missing = []
+    for play in site:
+        for task in play.get("tasks", []) + play.get("pre_tasks", []) + play.get("post_tasks", []):
+            for key in ("ansible.builtin.include_role", "ansible.builtin.include_tasks"):
+                if key in task and task.get("tags"):
+                    args = task[key] if isinstance(task[key], dict) else {}
+                    if set(task["tags"]) - {"always"} - set((args.get("apply") or {}).get("tags") or []):
+                        missing.append(task["name"])
+    assert missing == [], missing

@@ -57,6 +57,10 @@ Environment knobs (simulator only):
   D3_SIM_BATCH_SLOWDOWN   each request already running adds this fraction to a new one's latency (default 0.3)
   D3_SIM_FLIP_STATES      STAND-IN seeded regression (bench-compare's paired accuracy test): comma-separated words;
                           the answers to a state containing one are turned around (see seeded_flip)
+  D3_SIM_WEDGE_FILE       STAND-IN for a wedged engine (default /tmp/d3-sim-wedge): while this file exists, a request
+                          that reaches an engine slot holds it and never finishes (running stays up, nothing is
+                          counted finished, /health still answers), as a hung vLLM engine looks from outside; the
+                          held requests finish once it is removed. tests/lab/test_monitor.py's wedge drill
   VLLM_HTTP_TIMEOUT_KEEP_ALIVE  vLLM's own (vllm/envs.py, default 5): an idle keep-alive connection is closed this
                           many seconds after its last response, like uvicorn (see Handler.handle_one_request)
 
@@ -1306,7 +1310,10 @@ class SizeProfile:
 @contextlib.contextmanager
 def engine_slot(st: State, tokens: int = 0) -> Any:
     """Hold one of the engine's max_num_seqs slots for a sequence of `tokens` tokens: counted waiting while all slots
-    are taken, then running, its KV blocks in use meanwhile; the time it waited goes to the queue-time histogram."""
+    are taken, then running, its KV blocks in use meanwhile. The time it waited goes to the queue-time histogram when
+    the request finishes, as vLLM records it (vllm/v1/metrics/loggers.py PrometheusStatLogger.record: queued_time of
+    iteration_stats.finished_requests), so a request that never finishes is never in it. While the STAND-IN wedge
+    file exists (D3_SIM_WEDGE_FILE) a request holds its slot without finishing."""
     if st.slots is None:
         with st.lock:
             if st.slots is None:
@@ -1324,13 +1331,22 @@ def engine_slot(st: State, tokens: int = 0) -> Any:
         with st.lock:
             st.running += 1
             st.kv_tokens_used += blocks
-            st.observe("vllm:request_queue_time_seconds", time.monotonic() - queued)
+        waited = time.monotonic() - queued
+        while wedged():  # STAND-IN: a hung engine holds the request
+            time.sleep(0.2)
         yield
+        with st.lock:  # finished: vLLM records the queue time now
+            st.observe("vllm:request_queue_time_seconds", waited)
     finally:
         with st.lock:
             st.running -= 1
             st.kv_tokens_used -= blocks
         st.slots.release()
+
+
+def wedged() -> bool:
+    """STAND-IN: the wedge switch (D3_SIM_WEDGE_FILE exists)."""
+    return Path(os.environ.get("D3_SIM_WEDGE_FILE") or "/tmp/d3-sim-wedge").exists()
 
 
 # --------------------------------------------------------------------------------------------- metrics

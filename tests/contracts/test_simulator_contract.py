@@ -392,6 +392,51 @@ def test_metrics_move_with_concurrent_load_like_vllms_scheduler(sim: ModuleType)
     assert metric(after, f"{e2e}_sum") >= 5 * 0.6
 
 
+def test_queue_time_is_recorded_when_a_request_finishes_and_a_wedged_engine_finishes_nothing(
+    sim: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM records vllm:request_queue_time_seconds for finished requests only (loggers.py record(): the
+    finished_requests' queued_time; tests/contracts/metrics/names.yml): with the STAND-IN wedge switch on, requests
+    hold their slots (running 2, waiting 1), nothing is counted finished and the queue-time histogram does not move;
+    removed, they finish and are recorded then."""
+    import time
+
+    wedge = tmp_path / "wedge"
+    monkeypatch.setenv("D3_SIM_WEDGE_FILE", str(wedge))
+    wedge.touch()
+    s = Server(sim, None)
+    s.state.base_ms, s.state.batch_slowdown, s.state.max_num_seqs = 50.0, 0.0, 2
+    done: list[int] = []
+    threads = [threading.Thread(target=lambda: done.append(s.call("POST", "/v1/systemone", request_body())[0]))
+               for _ in range(3)]  # fmt: skip
+    try:
+        for t in threads:
+            t.start()
+        deadline, now = time.monotonic() + 10, {}
+        while time.monotonic() < deadline:
+            now = parse_metrics(s.call("GET", "/metrics")[1].decode())[1]
+            if metric(now, "vllm:num_requests_running") == 2 and metric(now, "vllm:num_requests_waiting") == 1:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        held = parse_metrics(s.call("GET", "/metrics")[1].decode())[1]
+        assert (metric(held, "vllm:num_requests_running"), metric(held, "vllm:num_requests_waiting")) == (2, 1)
+        assert metric(held, "vllm:request_queue_time_seconds_count") == 0
+        assert sum(metric(held, "vllm:request_success_total", finished_reason=r) for r in METRICS["finished_reasons"]) == 0
+        assert s.call("GET", "/health")[0] == 200  # a wedged engine still answers /health
+        wedge.unlink()
+        for t in threads:
+            t.join(timeout=10)
+        after = parse_metrics(s.call("GET", "/metrics")[1].decode())[1]
+    finally:
+        wedge.unlink(missing_ok=True)
+        s.close()
+    assert done == [200] * 3
+    assert metric(after, "vllm:request_queue_time_seconds_count") == 3
+    assert metric(after, "vllm:request_queue_time_seconds_bucket", le="0.3") == 2  # the third waited past 0.3 s
+    assert metric(after, "vllm:num_requests_running") == 0
+
+
 # ------------------------------------------------------------------ startup memory: vLLM's KV cache arithmetic
 ARCH = json.loads((HERE / "d3-architectures.json").read_text())["models"]
 GIB = 1024**3

@@ -35,14 +35,17 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import labkit
 import pytest
 import routerkit
+import yaml
 from drillkit import figure
 from labkit import IMAGE, ROOT, Run, on_host, registry_digest, run_playbook, running
 from routerkit import MODEL, PAIR_HOST, REPLICAS, ROUTER, WARMUP_S, load_tool, server_states, set_state
@@ -387,6 +390,19 @@ def test_drill_controller_killed_mid_rollout(fleet: list[str], routed: dict[str,
            f"{len(failover['late'])} of them sent 1 s or more after the move", started)  # fmt: skip
 
 
+def alertmanager(method: str = "GET", path: str = "/api/v2/silences") -> Any:
+    """The lab monitor's Alertmanager API v2 (it listens on the monitor's loopback; the monitor is ROUTER)."""
+    script = ("import sys, urllib.request; r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], method=sys.argv[2])); "
+              "print(r.read().decode() or 'null')")  # fmt: skip
+    return json.loads(on_host(ROUTER, f"python3 -c {script!r} 'http://127.0.0.1:9093{path}' {method}"))
+
+
+def rollout_silences(since: str) -> list[dict[str, Any]]:
+    """The silences a planned restart posted (d3_metrics silence.yml) that started at ``since`` (UTC) or later."""
+    return [x for x in alertmanager() if x["createdBy"] == "d3-fleet" and "planned restart of" in x["comment"]
+            and x["startsAt"][:19] >= since]  # fmt: skip
+
+
 # what the drill's status run saw (asked about nightly-next): the whole-fleet rollout's drift before it
 BEFORE_NEXT: dict[str, Any] = {}
 
@@ -452,16 +468,24 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
 
     urls = routerkit.endpoint_urls(routed, [MODEL])
     watcher = threading.Thread(target=reload_while_drained, daemon=True)
+    # the monitor's webhook (the lab's receiver, a STAND-IN pager) listens through the rollout: it must get nothing
+    hook, since = tmp_path / "webhook.jsonl", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    hook.touch()
+    receiver = subprocess.Popen([sys.executable, str(labkit.ROOT / "lab/webhook/receiver.py"), "--port", "19099", "--out", str(hook)])
     # the fleet in two batches: d3-lab-host1 (no d3-lite) restarts beside d3-lab-host2, whose d3-lite replicas go one
     # at a time; then d3-lab-host3 (batches of the default serial: tests/test_rollout_batches.py)
     serial = [2, 1]
-    # d3-lite's show stat sampled on the router throughout: each given-back replica's share of new requests
-    with routerkit.StatSampler(backend) as sampler, routerkit.KeepAliveClients(urls, CLIENTS) as clients:
-        watcher.start()
-        run = run_playbook("playbooks/rollout.yml", extravars={"d3_image_name": f"{IMAGE}:nightly-next", "d3_rollout_serial": serial},
-                           inventory=slow)  # fmt: skip
-        routerkit.stop_waiting()
-        watcher.join(timeout=30)
+    try:
+        # d3-lite's show stat sampled on the router throughout: each given-back replica's share of new requests
+        with routerkit.StatSampler(backend) as sampler, routerkit.KeepAliveClients(urls, CLIENTS) as clients:
+            watcher.start()
+            run = run_playbook("playbooks/rollout.yml", extravars={"d3_image_name": f"{IMAGE}:nightly-next", "d3_rollout_serial": serial},
+                               inventory=slow)  # fmt: skip
+            routerkit.stop_waiting()
+            watcher.join(timeout=30)
+    except BaseException:
+        receiver.terminate()
+        raise
     seen = clients.figures()
     print(f"\nrollout to nightly-next, {CLIENTS} keep-alive clients through {sorted(set(urls.values()))}: {seen['requests']} "
           f"requests on {seen['connections']} connections, {len(seen['failed'])} failed, {seen['min_s']} / {seen['median_s']} / "
@@ -608,6 +632,18 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     assert all(row["drift"] == [] and row["health"] == "ready" for row in after), after
     assert {row["digest"] for row in after} == {new}
 
+    # planned work did not page (issue 32): through the rollout and the status run after it (about 20 s, longer than
+    # the lab's replica and router for:), the webhook got no alert that started since the rollout began, the Watchdog
+    # aside; the rollout posted its silences to Alertmanager and removed them at its end (expired, comment its own)
+    receiver.terminate()
+    receiver.wait(timeout=10)
+    pages = [a["labels"]["alertname"] for line in hook.read_text().splitlines() for rec in [json.loads(line)]
+             if rec["path"] == "/alerts" and rec["body"] for a in rec["body"]["alerts"] if a["startsAt"][:19] >= since]  # fmt: skip
+    assert pages == [], pages
+    ours = rollout_silences(since)
+    assert ours and {x["status"]["state"] for x in ours} == {"expired"}, ours
+    print(f"webhook during the rollout: nothing; {len(ours)} silences posted and removed ({ours[0]['comment']})")
+
 
 def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_and_no_request_fails(
         routed: dict[str, Any], slow: Path) -> None:  # fmt: skip
@@ -615,7 +651,7 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
     (serial 1). The rollout stops at the canary, which is drained again, goes back to its previous digest by itself,
     passes its smoke and is given back to the router; the other replica is never drained nor restarted; no client
     request fails."""
-    started = time.monotonic()
+    started, since = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     canary, other = REPLICAS
     before = {h: running(h) for h in REPLICAS}
     good = {image for image, _ in before[canary].values()}
@@ -654,6 +690,19 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
         )
         assert json.loads(answer)["object"] == "structured_decision"
     assert running(other) == before[other]
+
+    # a rollout that stops skips its end play (docs/rollouts.md), so its silences are not removed: they stay active
+    # with their own expiry, d3_metrics_silence_minutes after their start (the role default, 60: the lab sets none)
+    left = rollout_silences(since)
+    assert left and {x["status"]["state"] for x in left} == {"active"}, left
+    minutes = yaml.safe_load((ROOT / "roles/d3_metrics/defaults/main.yml").read_text())["d3_metrics_silence_minutes"]
+    spans = {(datetime.fromisoformat(x["endsAt"].replace("Z", "+00:00")) - datetime.fromisoformat(x["startsAt"].replace("Z", "+00:00")))
+             .total_seconds() for x in left}  # fmt: skip
+    assert all(minutes * 60 - 60 <= s <= minutes * 60 for s in spans), (spans, left)
+    # what the operator does after reading the failure: expire them (they would hold the next session's checks quiet)
+    for silence in left:
+        alertmanager("DELETE", f"/api/v2/silence/{silence['id']}")
+    assert {x["status"]["state"] for x in rollout_silences(since)} == {"expired"}
     figure(9, "broken image at the canary", f"stopped at the canary {canary}, drained again, back on its previous digest, "
            f"serving and given back to the router; the other replica untouched; 0 failed requests", started)  # fmt: skip
 

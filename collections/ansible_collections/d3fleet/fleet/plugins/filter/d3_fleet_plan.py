@@ -55,10 +55,12 @@ VIEW_VARS = (
 )  # fmt: skip
 FIREWALL_VARS = ("d3_firewall_enabled", "d3_firewall_ports", "d3_firewall_allowed_clients", "d3_firewall_monitors",
                  "d3_firewall_monitor_ports")  # fmt: skip
-ROUTER_VARS = ("ansible_host", "d3_router_ports", "d3_router_listen_address", "d3_router_port", "d3_router_metrics_port",
-               "d3_router_health_port", "d3_router_metrics_allowed", "d3_router_allowed_paths")  # fmt: skip
-MONITOR_VARS = ("ansible_host", "d3_metrics_scrape_interval", "d3_metrics_evaluation_interval",
-                "d3_metrics_node_exporter_port", "d3_metrics_alertmanager", "d3_metrics_rules_file")  # fmt: skip
+ROUTER_VARS = ("ansible_host", "d3_router_backend_address", "d3_router_ports", "d3_router_listen_address",
+               "d3_router_port", "d3_router_metrics_port", "d3_router_health_port", "d3_router_metrics_allowed",
+               "d3_router_allowed_paths")  # fmt: skip
+MONITOR_VARS = ("ansible_host", "d3_router_backend_address", "d3_metrics_scrape_interval",
+                "d3_metrics_evaluation_interval", "d3_metrics_node_exporter_port", "d3_metrics_alertmanager",
+                "d3_metrics_rules_file", "d3_metrics_runbook_url")  # fmt: skip
 # playbooks/rollout.yml's defaults when the inventory sets none
 ROLLOUT_DEFAULTS = {"d3_rollout_serial": [1, "25%", "100%"], "d3_rollout_max_unavailable": 1, "d3_rollout_min_up": 1}
 
@@ -450,7 +452,8 @@ def monitor_lines(monitor: str, view: dict[str, Any], rules: dict[str, Any]) -> 
     jobs: dict[str, int] = {}
     for target in view["targets"]:
         jobs[target["job"]] = jobs.get(target["job"], 0) + 1
-    count = sum(len(g.get("rules") or []) for g in (rules.get("rules") or {}).get("groups") or [])
+    # the alerts only (d3_metrics_rules writes its recording rules into the same group)
+    count = sum(1 for g in (rules.get("rules") or {}).get("groups") or [] for r in g.get("rules") or [] if "alert" in r)
     return [f"== {monitor} (d3-monitors): {len(view['targets'])} scrape target(s) "
             f"({', '.join(f'{j} {n}' for j, n in sorted(jobs.items()))}), {count} alert rule(s)"]  # fmt: skip
 
@@ -506,15 +509,18 @@ def fleet_views(
             problems[router] = [f"{router}: the router cannot be configured:", *view["errors"]]
         else:
             lines += router_lines(router, view)
-    router_addresses = {r: {"ansible_host": rv.get("ansible_host"), "metrics_port": rv.get("d3_router_metrics_port")}
-                        for r, rv in (routers or {}).items()}  # fmt: skip
-    others = {m: {"ansible_host": mv.get("ansible_host")} for m, mv in (monitors or {}).items()}
+    # where the monitors reach a router or monitor host: d3_router_backend_address when set (a NAT, the lab's routers on
+    # their VRRP network), else ansible_host (as for the l4-nodes hosts)
+    router_addresses = {r: {"ansible_host": rv.get("ansible_host"), "backend_address": rv.get("d3_router_backend_address"),
+                            "metrics_port": rv.get("d3_router_metrics_port")} for r, rv in (routers or {}).items()}  # fmt: skip
+    others = {m: {"ansible_host": mv.get("ansible_host"), "backend_address": mv.get("d3_router_backend_address")}
+              for m, mv in (monitors or {}).items()}  # fmt: skip
     for monitor, mv in sorted((monitors or {}).items()):
         view = metrics_scrape(fleet, monitor, router_addresses, others, {
             "scrape_interval": mv.get("d3_metrics_scrape_interval"), "evaluation_interval": mv.get("d3_metrics_evaluation_interval"),
             "node_exporter_port": mv.get("d3_metrics_node_exporter_port"), "alertmanager": mv.get("d3_metrics_alertmanager"),
             "rules_file": mv.get("d3_metrics_rules_file")})  # fmt: skip
-        rules = metrics_rules(view["models"], {})
+        rules = metrics_rules(view["models"], {"runbook_url": mv.get("d3_metrics_runbook_url")})
         if view["errors"] or rules["errors"]:
             problems[monitor] = [f"{monitor}: the monitor cannot be configured:", *view["errors"], *rules["errors"]]
         else:

@@ -7,12 +7,16 @@ file). Series (tests/contracts/metrics/names.yml):
 
   d3_gpu_memory_used_bytes, d3_gpu_memory_total_bytes, d3_gpu_utilization_ratio, d3_gpu_temperature_celsius,
   d3_gpu_power_watts, d3_gpu_ecc_uncorrected_errors       {gpu, uuid}   from nvidia-smi --query-gpu (QUERY)
-  d3_gpu_xid_events_total                                 {gpu}         NVRM: Xid lines of this boot's kernel log
-  d3_instance_image_info                                  {instance, digest} = 1, from the deployment record
+  d3_gpu_xid_events_total                   {pci_bus, xid, gpu}   NVRM: Xid lines of this boot's kernel log after the
+                                                                  acknowledgement (--xid-ack's mtime); gpu when known
+  d3_instance_image_info                                  {name, digest} = 1, from the deployment record
   d3_rollout_marker_timestamp_seconds                     the marker's mtime, only while it exists
   d3_textfile_success                                     1 when every source answered, else 0 (and what failed)
 
-A value nvidia-smi reports as "[N/A]" (ECC off, no power sensor) is left out, not written as 0.
+A value nvidia-smi reports as "[N/A]" (ECC off, no power sensor) is left out, not written as 0. A host without GPUs
+(--no-gpu: a router, a monitor) runs neither nvidia-smi nor the Xid scan, so its d3_textfile_success says only
+whether its own sources answered. An Xid stays counted (and its alert firing) until an operator acknowledges it:
+`touch /var/lib/d3/xid-acknowledged` after the fix (or a reboot: the scan reads this boot only).
 """
 
 from __future__ import annotations
@@ -74,18 +78,21 @@ def gpu_rows(csv_text: str) -> list[dict[str, str]]:
     return rows
 
 
-def xid_counts(kernel_log: str, rows: list[dict[str, str]]) -> dict[str, int]:
-    """Xid lines per GPU index (matched by PCI bus id: the driver names the bus, nvidia-smi 00000000:00:06.0)."""
-    by_bus = {r["pci.bus_id"][-12:-2].lower(): r["index"] for r in rows}
-    counts = {r["index"]: 0 for r in rows}
+def xid_counts(kernel_log: str, rows: list[dict[str, str]]) -> dict[tuple[str, str], int]:
+    """Xid lines per (PCI bus, Xid code). The driver names the bus (0000:00:06), nvidia-smi 00000000:00:06.0: the GPU
+    index is looked up by it where nvidia-smi still lists the GPU (a GPU off the bus is listed no more)."""
+    counts: dict[tuple[str, str], int] = {}
     for match in XID.finditer(kernel_log):
-        index = by_bus.get(match.group(1).lower())
-        if index is not None:
-            counts[index] += 1
+        key = (match.group(1).lower(), match.group(2))
+        counts[key] = counts.get(key, 0) + 1
     return counts
 
 
-def render(rows: list[dict[str, str]], xids: dict[str, int] | None, state: dict[str, Any] | None,
+def gpu_by_bus(rows: list[dict[str, str]]) -> dict[str, str]:
+    return {r["pci.bus_id"][-12:-2].lower(): r["index"] for r in rows}
+
+
+def render(rows: list[dict[str, str]], xids: dict[tuple[str, str], int] | None, state: dict[str, Any] | None,
            marker_mtime: float | None, failures: list[str]) -> str:  # fmt: skip
     """The textfile, in Prometheus' text exposition format."""
     out: list[str] = []
@@ -95,9 +102,13 @@ def render(rows: list[dict[str, str]], xids: dict[str, int] | None, state: dict[
         if samples:
             out += [f"# HELP {metric} {text}", f"# TYPE {metric} gauge"]
             out += [f'{metric}{{gpu="{_label(r["index"])}",uuid="{_label(r["uuid"])}"}} {_value(v * factor)}' for r, v in samples]
-    if xids is not None and rows:
-        out += ["# HELP d3_gpu_xid_events_total NVRM Xid lines in this boot's kernel log", "# TYPE d3_gpu_xid_events_total counter"]
-        out += [f'd3_gpu_xid_events_total{{gpu="{_label(i)}"}} {n}' for i, n in sorted(xids.items())]
+    if xids:
+        out += ["# HELP d3_gpu_xid_events_total NVRM Xid lines in this boot's kernel log since their acknowledgement",
+                "# TYPE d3_gpu_xid_events_total counter"]  # fmt: skip
+        index = gpu_by_bus(rows)
+        for (bus, code), n in sorted(xids.items()):
+            gpu = f',gpu="{_label(index[bus])}"' if bus in index else ""
+            out.append(f'd3_gpu_xid_events_total{{pci_bus="{_label(bus)}",xid="{_label(code)}"{gpu}}} {n}')
     if state is not None:
         ref = str(state.get("image_ref", ""))
         digest = ref.partition("@")[2] or "none"
@@ -105,7 +116,7 @@ def render(rows: list[dict[str, str]], xids: dict[str, int] | None, state: dict[
         if instances:
             out += ["# HELP d3_instance_image_info the image digest each instance runs (the deployment record)",
                     "# TYPE d3_instance_image_info gauge"]  # fmt: skip
-            out += [f'd3_instance_image_info{{instance="{_label(n)}",digest="{_label(digest)}"}} 1' for n in sorted(instances)]
+            out += [f'd3_instance_image_info{{name="{_label(n)}",digest="{_label(digest)}"}} 1' for n in sorted(instances)]
     if marker_mtime is not None:
         out += ["# HELP d3_rollout_marker_timestamp_seconds when this host was marked for a rollout restart",
                 "# TYPE d3_rollout_marker_timestamp_seconds gauge", f"d3_rollout_marker_timestamp_seconds {marker_mtime:.0f}"]  # fmt: skip
@@ -114,24 +125,30 @@ def render(rows: list[dict[str, str]], xids: dict[str, int] | None, state: dict[
     return "\n".join(out) + "\n"
 
 
-def collect(nvidia_smi: str, state_file: Path, marker: Path) -> str:
+def collect(nvidia_smi: str, state_file: Path, marker: Path, gpus: bool = True, xid_ack: Path | None = None) -> str:
     failures: list[str] = []
     rows: list[dict[str, str]] = []
-    xids: dict[str, int] | None = None
-    try:
-        text = subprocess.run([nvidia_smi, f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
-        rows = gpu_rows(text)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        failures.append("nvidia-smi")
-    try:
-        log = subprocess.run(["journalctl", "-k", "-b", "--no-pager", "-o", "cat", "--grep", "NVRM: Xid"],
-                             capture_output=True, text=True, timeout=20, check=False)  # fmt: skip
-        xids = xid_counts(log.stdout if log.returncode in (0, 1) else "", rows)
-        if log.returncode not in (0, 1):  # 1: no line matched
+    xids: dict[tuple[str, str], int] | None = None
+    if gpus:
+        try:
+            text = subprocess.run([nvidia_smi, f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
+            rows = gpu_rows(text)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            failures.append("nvidia-smi")
+        since: list[str] = []
+        try:
+            since = [f"--since=@{int(xid_ack.stat().st_mtime)}"] if xid_ack is not None else []
+        except FileNotFoundError:
+            since = []  # never acknowledged: this boot's every Xid
+        try:
+            log = subprocess.run(["journalctl", "-k", "-b", *since, "--no-pager", "-o", "cat", "--grep", "NVRM: Xid"],
+                                 capture_output=True, text=True, timeout=20, check=False)  # fmt: skip
+            xids = xid_counts(log.stdout if log.returncode in (0, 1) else "", rows)
+            if log.returncode not in (0, 1):  # 1: no line matched
+                failures.append("journalctl")
+        except (OSError, subprocess.SubprocessError):
             failures.append("journalctl")
-    except (OSError, subprocess.SubprocessError):
-        failures.append("journalctl")
     state = None
     try:
         state = json.loads(state_file.read_text())
@@ -160,8 +177,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--nvidia-smi", default="nvidia-smi")
     parser.add_argument("--state-file", type=Path, default=Path("/var/lib/d3/deployed.json"))
     parser.add_argument("--marker", type=Path, default=Path("/var/lib/d3/rollout-in-progress"))
+    parser.add_argument("--xid-ack", type=Path, default=Path("/var/lib/d3/xid-acknowledged"))
+    parser.add_argument("--no-gpu", action="store_true", help="a host without GPUs: no nvidia-smi, no Xid scan")
     args = parser.parse_args(argv)
-    write_atomically(args.directory, collect(args.nvidia_smi, args.state_file, args.marker))
+    write_atomically(args.directory, collect(args.nvidia_smi, args.state_file, args.marker, not args.no_gpu, args.xid_ack))
     return 0
 
 

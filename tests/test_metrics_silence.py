@@ -1,0 +1,143 @@
+"""The planned-restart silences (role d3_metrics, tasks_from silence.yml, as rollout.yml and site.yml include it): one
+run of the task file against a fake Alertmanager speaking API v2 (tests/contracts/alertmanager/api-v2-silences.yml)
+posts the filter's silences for the restarted hosts' models, with the run's identity, and deletes exactly those at
+its end; an Alertmanager that does not answer is a warning, not a failure."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+from local_http import QuietHandler, serve
+from testkit import ansible_playbook
+
+pytestmark = pytest.mark.playbook  # ansible-playbook on localhost aliases
+
+ROOT = Path(__file__).resolve().parents[1]
+API = yaml.safe_load((ROOT / "tests/contracts/alertmanager/api-v2-silences.yml").read_text())
+
+
+class FakeAlertmanager(QuietHandler):
+    """POST /api/v2/silences stores a silence (answers {silenceID}); GET lists them with their state; DELETE
+    /api/v2/silence/ID expires one. One other operator's silence is there from the start."""
+
+    silences: ClassVar[dict[str, dict[str, Any]]] = {}
+    calls: ClassVar[list[tuple[str, str]]] = []
+
+    def answer(self, body: bytes) -> tuple[int, bytes]:
+        self.calls.append((self.command, self.path))
+        if self.command == "POST" and self.path == API["post"]:
+            silence = json.loads(body)
+            assert set(API["silence_required"]) <= set(silence), silence
+            sid = str(uuid.uuid4())
+            self.silences[sid] = {**silence, "id": sid, "status": {"state": "active"}}
+            return 200, json.dumps({API["post_answer"]: sid}).encode()
+        if self.command == "GET" and self.path == API["list"]:
+            return 200, json.dumps(list(self.silences.values())).encode()
+        if self.command == "DELETE" and self.path.startswith("/api/v2/silence/"):
+            sid = self.path.rsplit("/", 1)[1]
+            if sid not in self.silences:
+                return 404, b""
+            self.silences[sid]["status"] = {"state": "expired"}
+            return 200, b""
+        return 404, b""
+
+    def _handle(self) -> None:  # Alertmanager answers JSON as application/json (uri parses it into `json` then)
+        length = int(self.headers.get("Content-Length") or 0)
+        status, raw = self.answer(self.rfile.read(length) if length else b"")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    do_GET = do_POST = do_DELETE = _handle
+
+
+PLAY = """
+- name: Restart two hosts (a stand-in for rollout.yml's plays)
+  hosts: l4-a:l4-b
+  gather_facts: false
+  tasks:
+    - name: Plan
+      ansible.builtin.set_fact:
+        d3_host_plan: {instances: "{{ models | map('community.general.dict_kv', 'served_model_name') | list }}"}
+    - name: Silence what the restarts trip
+      ansible.builtin.include_role: {name: d3_metrics, tasks_from: silence.yml}
+      vars: {d3_metrics_silence: start}
+      run_once: true
+    - name: Every host knows the run's identity (the end include may run on another host)
+      ansible.builtin.assert:
+        that: d3_metrics_silence_identity == hostvars['l4-a'].d3_metrics_silence_identity
+    - name: Remove them
+      ansible.builtin.include_role: {name: d3_metrics, tasks_from: silence.yml}
+      vars: {d3_metrics_silence: end}
+      run_once: true
+"""
+
+
+def run(tmp_path: Path, listen: str | None, **env: str) -> Any:
+    """``listen`` None: the monitor sets no d3_metrics_alertmanager_listen_address (the role default, as the lab's)."""
+    hosts = {"l4-a": {"models": ["d3-flash", "d3-mini"]}, "l4-b": {"models": ["d3-flash"]}}
+    monitor = {} if listen is None else {"d3_metrics_alertmanager_listen_address": listen}
+    inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+                         "children": {"l4-nodes": {"hosts": hosts}, "d3-monitors": {"hosts": {"mon": monitor}}}}}  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(PLAY)
+    return ansible_playbook(str(tmp_path / "play.yml"), "-i", str(tmp_path / "hosts.yml"), timeout=300,
+                            ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default", **env)  # fmt: skip
+
+
+def test_a_run_posts_its_silences_and_deletes_only_them(tmp_path: Path) -> None:
+    FakeAlertmanager.silences.clear()
+    FakeAlertmanager.calls.clear()
+    FakeAlertmanager.silences["other"] = {"id": "other", "createdBy": "alice", "comment": "disk swap", "matchers": [],
+                                          "status": {"state": "active"}}  # fmt: skip
+    with serve(FakeAlertmanager) as url:
+        proc = run(tmp_path, url.removeprefix("http://"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    ours = {k: v for k, v in FakeAlertmanager.silences.items() if k != "other"}
+    assert len(ours) == 2
+    matchers = sorted(tuple((m["name"], m["value"]) for m in s["matchers"]) for s in ours.values())
+    replicas = ("alertname", "D3ModelReplicasMissing|D3RouterQueue|D3RequestsWaiting")
+    assert matchers == [(("alertname", "D3InstanceDigestDrift"), ("host", "l4-a|l4-b")), (replicas, ("model", "d3-flash|d3-mini"))]
+    comments = {s["comment"] for s in ours.values()}
+    assert len(comments) == 1 and next(iter(comments)).startswith("Restart two hosts (a stand-in for rollout.ymls plays) by ")
+    assert all(s["createdBy"] == "d3-fleet" and s["status"]["state"] == "expired" for s in ours.values())
+    assert FakeAlertmanager.silences["other"]["status"]["state"] == "active"  # an operator's silence stays
+    assert [c for c, _ in FakeAlertmanager.calls] == ["POST", "POST", "GET", "DELETE", "DELETE"]
+    assert "WARNING" not in proc.stdout
+
+
+def test_an_alertmanager_that_does_not_answer_is_a_warning(tmp_path: Path) -> None:
+    proc = run(tmp_path, "127.0.0.1:9")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    said = " ".join(proc.stdout.replace("'", "").split())  # the callback wraps and quotes long messages
+    assert "WARNING: a monitors Alertmanager did not take this runs silences" in said, said[-3000:]
+    assert "WARNING: a monitors Alertmanager did not list or delete this runs silences" in said
+
+
+def test_a_monitor_on_the_role_default_address_gets_the_silences_there(tmp_path: Path) -> None:
+    """A monitor without its own d3_metrics_alertmanager_listen_address (the lab's, and any inventory that keeps the
+    default) is reached at the role default, 127.0.0.1:9093: the run posts there (nothing listens here: a warning),
+    it does not fail looking the variable up in hostvars (the lab's session converge did, 2026-12-05)."""
+    proc = run(tmp_path, None)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    said = " ".join(proc.stdout.replace("'", "").split())
+    assert "WARNING: a monitors Alertmanager did not take this runs silences" in said, said[-3000:]
+
+
+def test_a_run_without_a_user_name_says_so_in_the_comment(tmp_path: Path) -> None:
+    """USER empty (a container, a CI job): the comment names no user rather than an empty one ("by  at", the lab's
+    rollout under load showed it)."""
+    FakeAlertmanager.silences.clear()
+    FakeAlertmanager.calls.clear()
+    with serve(FakeAlertmanager) as url:
+        proc = run(tmp_path, url.removeprefix("http://"), USER="")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    comments = {s["comment"] for s in FakeAlertmanager.silences.values()}
+    assert comments and all(" by an unnamed user at 20" in c for c in comments), comments

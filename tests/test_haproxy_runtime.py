@@ -220,13 +220,17 @@ def test_a_state_file_that_cannot_be_written_stays_as_it_was(haproxy: FakeHAProx
 
 
 def test_a_lock_that_cannot_be_opened_is_refused_before_anything_is_set(haproxy: FakeHAProxy, tmp_path: Path) -> None:
-    """The reload's lock lives beside the state file: without its directory nothing orders a change with a reload."""
+    """The reload's lock lives beside the state file. Without its directory no reload saves there either: the change
+    goes ahead unlocked (and the save fails, said so); a lock that exists but cannot be opened is refused."""
     missing = tmp_path / "no-dir" / "s"
-    refusal = r"the lock .*/no-dir/s\.lock cannot be opened: .*No such file.*; nothing was set\.$"
+    out = haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=str(missing)), False)
+    assert out["changed_servers"] == ["be_d3-lite/d3-lab-host2-d3-lite"] and out["state_saved"] == ""
+    assert not (tmp_path / "no-dir").exists()
+    (tmp_path / "s.lock").mkdir()  # a directory where the lock should be: EISDIR
+    refusal = r"the lock .*/s\.lock cannot be opened: .*Is a directory.*; nothing was set\.$"
     with pytest.raises(haproxy_runtime.Refusal, match=refusal) as refused:
-        haproxy_runtime.run(params(haproxy.path, servers=[LITE2], state="drain", state_file=str(missing)), False)
-    assert haproxy.commands == ["show stat"] and not (tmp_path / "no-dir").exists()
-    assert refused.value.error == f"[Errno 2] No such file or directory: '{missing}.lock'"
+        haproxy_runtime.run(params(haproxy.path, servers=[LITE3], state="drain", state_file=str(tmp_path / "s")), False)
+    assert haproxy.commands[-1] == "show stat" and "Is a directory" in refused.value.error
 
 
 @pytest.mark.parametrize("path", ["relative/state", "/var/lib/../etc/passwd", "/var/lib/haproxy/a b", "/var/./x"])

@@ -35,7 +35,7 @@ description:
   - Its C(set server) commands and that save are made under the lock O(state_file)C(.lock) that the d3_router role's
     reload holds from its own save until the new worker runs (module_utils/d3_server_state.py), so a change is never
     sent in between, where the old worker alone would get it and the new one would start from the file without it.
-    It fails, sending nothing, when the lock is not had within 45 s. Without O(state_file), no lock.
+    It fails, sending nothing, when the lock is not had within 45 s. Without O(state_file) or its directory, no lock.
   - Each command goes as C(show info;<command>), which names the worker that ran it; with O(master_socket), one that a
     worker C(show proc) does not list as current took (an old one still accepting for a moment after a reload) is sent
     again, for 5 s at most.
@@ -378,6 +378,8 @@ def apply(p: dict[str, Any], where: str, todo: list[tuple[dict[str, Any], str]],
         if p["state_file"]:
             try:
                 held = stack.enter_context(locked(p["state_file"], clock=clock, sleep=sleep))
+            except FileNotFoundError:
+                held = True  # no directory for the state file: no reload saves there either, nothing to order with
             except OSError as exc:
                 raise Refusal(f"{where}: the lock {lock_path(p['state_file'])} cannot be opened: {exc}; nothing was "
                               "set.", str(exc)) from None  # fmt: skip

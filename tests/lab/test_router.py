@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import routerkit
 from labkit import Run, on_host
-from routerkit import MODEL, PAIR_HOST, REPLICAS, ROUTERS, ask, router_url, server_states
+from routerkit import MODEL, PAIR_HOST, REPLICAS, ROUTERS, ask, router_url, server_states, vip
 
 pytestmark = pytest.mark.lab
 
@@ -129,8 +129,14 @@ def test_the_exporter_answers_on_its_own_port_for_loopback_only(routed: dict[str
     for served, model in routed.items():
         assert f'haproxy_backend_active_servers{{proxy="{model["backend"]}"}}' in text, served
     assert on_host(router, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{EXPORTER}/other") == "404"
-    # from this machine (the router's address on the VRRP bridge, or the lab's port forward): not the router's loopback
-    assert fetch(f"{router_url(router, EXPORTER)}/metrics")[0] == 403
+    # a client outside loopback and d3_router_metrics_allowed: the router's own address on the lab's podman network
+    # (the lab's inventory allows the VRRP network, where the monitor scrapes the other router: 10.79.0.0/24)
+    own = [a for a in on_host(router, "hostname -I").split() if ":" not in a and not a.startswith(("127.", "10.79."))]
+    assert own, on_host(router, "hostname -I")
+    code = f"curl -s -o /dev/null -w '%{{http_code}}' --interface {own[0]} http://{own[0]}:{EXPORTER}/metrics"
+    assert on_host(router, code) == "403"
+    # from this machine, on the VRRP network the lab allows (the pair's; without it, the port forward: refused)
+    assert fetch(f"{router_url(router, EXPORTER)}/metrics")[0] == (200 if vip() else 403)
 
 
 def test_haproxy_config_is_checked_by_haproxy_itself(routed: dict[str, Any], router: str) -> None:

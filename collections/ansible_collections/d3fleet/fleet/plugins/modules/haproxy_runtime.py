@@ -343,6 +343,10 @@ def send(p: dict[str, Any], where: str, command: str, current: set[int] | None, 
             raise Refusal(f"{where}: `{command}` failed: {exc}.", str(exc)) from None
         if current is None or pid in current:
             return pid, answer
+        # asked again: a reload that bypassed the lock may have made the worker that took it the current one
+        current = current_workers(p) or current
+        if pid in current:
+            return pid, answer
         if clock() >= deadline:
             raise Refusal(f"{where}: `{command}` reached worker {pid} only, not a current one ({', '.join(map(str, sorted(current)))}, "
                           f"show proc), for {PLACE_WAIT_S:.0f} s.")  # fmt: skip
@@ -479,17 +483,27 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
         # the worker the state was set on (or found in): a server out of it under another worker lost it in a reload
         # that bypassed the lock (`kill -USR2`, the master CLI's `reload`); under the same one, someone changed it
         set_on = saved.pid if saved.pid is not None else worker_pid(p["socket"], p["connect_timeout"])
+        seen_lost = False
         while True:
             rows = read_stat(p, where)
             wanted = select(rows, p["servers"])
             lost = [(s, r["status"]) for s, r in zip(p["servers"], wanted, strict=True) if left_state(r["status"], state)]
+            held: list[str] = []
             if lost:
                 now = current_workers(p) or {worker_pid(p["socket"], p["connect_timeout"])}
                 names = ", ".join(f"{s['backend']}/{s['server']} ({status})" for s, status in lost)
-                if set_on is not None and set_on in now:
+                # once is not proof: this show stat may have come from the old worker of a reload (it still takes
+                # connections for up to about 250 ms), or show info from it; twice in a row, it is someone else's
+                if set_on is not None and set_on in now and not seen_lost:
+                    seen_lost = True
+                    held = [f"{s['backend']}/{s['server']} ({status}: read again)" for s, status in lost]
+                    lost = []
+                elif set_on is not None and set_on in now:
                     raise Refusal(f"{where}: {names} left {state} during the wait with no reload since it was set (worker "
                                   f"{set_on}): someone else changed it, so it is not set again. Find who (an operator, "
                                   "another run) and run again.")  # fmt: skip
+            if lost:
+                seen_lost = False
                 again = apply(p, where, lost, state, clock, sleep)
                 saved = again if again.path else saved
                 patched = patched or again.patched
@@ -497,12 +511,15 @@ def run(p: dict[str, Any], check_mode: bool, clock: Any = time.monotonic, sleep:
                 reapplied += [f"{s['backend']}/{s['server']}" for s, _ in lost]
                 rows = read_stat(p, where)
                 wanted = select(rows, p["servers"])
-            unread: list[str] = []
+            elif not held:
+                seen_lost = False
+            unread: list[str] = list(held)
             if state == "drain" and p.get("master_socket"):
                 try:
                     by_worker = every_worker(p, where, p["servers"])
                 except Unread as exc:
-                    by_worker, unread = {}, [str(exc)]
+                    by_worker = {}
+                    unread.append(str(exc))
                 known = {pid: sessions for pid, sessions in by_worker.items() if sessions is not None}
                 unread += [f"worker {pid} (its show stat could not be read)" for pid, s in by_worker.items() if s is None]
                 for pid, sessions in known.items():

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from d3_inputs import shown
 from d3_metrics import (
     DEFAULTS,
     XID_CRITICAL,
@@ -22,7 +23,8 @@ from d3_metrics import (
     metrics_scrape,
     metrics_silence_targets,
     metrics_silences,
-    metrics_silences_delete,
+    metrics_silences_end,
+    metrics_silences_held,
     metrics_silences_ours,
 )
 from d3_planner import d3_plan
@@ -492,10 +494,79 @@ def test_the_run_finds_its_own_silences_to_remove() -> None:
     ]  # fmt: skip
     assert metrics_silences_ours(listed, "rollout.yml run 7") == ["0", "1", "6f1c2a9e-0b7d-4c1e-9a55-3f0e2b8c7d10"]
     assert metrics_silences_ours(listed, "") == metrics_silences_ours(None, "x") == metrics_silences_ours(listed, None) == []
-    results = [{"item": "mon-1", "json": listed}, {"item": "mon-2", "json": [mine]}, {"item": "mon-3"}, {"json": listed}, "x"]
     results = [{"item": "mon-1", "json": listed[:2]}, {"item": "mon-2", "json": [mine]}, {"item": "mon-3"}, {"json": listed}, "x"]
-    assert metrics_silences_delete(results, "rollout.yml run 7") == [["mon-1", "0"], ["mon-1", "1"], ["mon-2", "1"]]
-    assert metrics_silences_delete("x", "rollout.yml run 7") == []
+    spans = {"mon-1": ["5s", "5s"], "mon-2": ("15s", "1m")}
+    ended = metrics_silences_end(results, "rollout.yml run 7", "2026-12-05T06:00:00Z", spans)
+    assert [(m, s["id"]) for m, s in ended["silences"]] == [("mon-1", "1"), ("mon-1", "0"), ("mon-2", "1")]
+    assert metrics_silences_end("x", "rollout.yml run 7", "2026-12-05T06:00:00Z", spans)["silences"] == []
+
+
+# one of this run's silences as Alertmanager lists it (GET /api/v2/silences: gettableSilence)
+LISTED = {"id": "6f1c2a9e-0b7d-4c1e-9a55-3f0e2b8c7d10", "createdBy": "d3-fleet", "comment": "run 7: planned restart of l4-a",
+          "status": {"state": "active"}, "startsAt": "2026-12-05T05:40:00.123Z", "endsAt": "2026-12-05T06:40:00.123Z",
+          "updatedAt": "2026-12-05T05:40:00.123Z",
+          "matchers": [{"name": "alertname", "value": "D3InstanceDigestDrift", "isRegex": True, "isEqual": True}]}  # fmt: skip
+
+
+def test_a_run_ends_its_silences_a_settle_time_later_not_at_once() -> None:
+    """Twice the monitor's scrape plus evaluation interval from now: a server given back just before is scraped and
+    evaluated by then, so its alert's resolution reaches Alertmanager before the silence ends. The silence is posted
+    back as Alertmanager updates it in place (its id, matchers and startsAt unchanged, a later endsAt than now)."""
+    results = [{"item": "mon-1", "json": [LISTED]}]
+    out = metrics_silences_end(results, "run 7", "2026-12-05T06:00:00+00:00", {"mon-1": ["15s", "1m"]})
+    assert out == {"silences": [["mon-1", {**{k: LISTED[k] for k in ("id", "matchers", "startsAt", "createdBy", "comment")},
+                                           "endsAt": "2026-12-05T06:02:30.000Z"}]],
+                   "settle": {"mon-1": 150}, "errors": []}  # fmt: skip
+    api = yaml.safe_load((ROOT / "tests/contracts/alertmanager/api-v2-silences.yml").read_text())
+    assert set(out["silences"][0][1]) == set(api["silence_required"]) | {api["update_by"]}
+    # lab intervals: 20 s; a silence that ends sooner by itself is left as it is (even one ending exactly then)
+    lab = metrics_silences_end(results, "run 7", "2026-12-05T06:00:00Z", {"mon-1": ["5s", "5s"]})
+    assert lab["settle"] == {"mon-1": 20} and lab["silences"][0][1]["endsAt"] == "2026-12-05T06:00:20.000Z"
+    assert metrics_silences_end(results, "run 7", "2026-12-05T06:39:40.123Z", {"mon-1": ["5s", "5s"]})["silences"] == []
+    later = metrics_silences_end(results, "run 7", "2026-12-05T06:39:40.122Z", {"mon-1": ["5s", "5s"]})["silences"]
+    assert [s["endsAt"] for _, s in later] == ["2026-12-05T06:40:00.000Z"]  # whole seconds, as the run's time is
+    assert metrics_silences_end([{"item": "mon-1", "json": [{**LISTED, "endsAt": "soon"}]}], "run 7", "2026-12-05T06:00:00Z",
+                                {"mon-1": ["5s", "5s"]})["silences"][0][1]["endsAt"] == "2026-12-05T06:00:20.000Z"  # fmt: skip
+    # not this run's, or no identity: nothing
+    assert metrics_silences_end(results, "run 8", "2026-12-05T06:00:00Z", {"mon-1": ["5s", "5s"]})["silences"] == []
+
+
+@pytest.mark.parametrize("spans", [{}, {"mon-1": ["5s"]}, {"mon-1": ["5s", "5"]}, {"mon-1": ["5s", 5]}, {"mon-1": "5s"},
+                                   {"mon-1": ["0s", "5s"]}, "x"])  # fmt: skip
+def test_a_monitor_without_durations_keeps_its_silences_to_their_own_expiry(spans: Any) -> None:
+    out = metrics_silences_end([{"item": "mon-1", "json": [LISTED]}], "run 7", "2026-12-05T06:00:00Z", spans)
+    assert out["silences"] == [] and out["settle"] == {}
+    assert out["errors"] == [f"mon-1: its d3_metrics_scrape_interval and d3_metrics_evaluation_interval {shown(spans.get('mon-1') if isinstance(spans, dict) else None)} "
+                             "are not Prometheus durations: this run's silences there are left to expire by themselves"]  # fmt: skip
+
+
+def test_a_bad_time_ends_nothing() -> None:
+    out = metrics_silences_end([{"item": "mon-1", "json": [LISTED]}], "run 7", "2026-12-05T06:00:00", {"mon-1": ["5s", "5s"]})
+    assert out == {"silences": [], "settle": {},
+                   "errors": ["silences: the run's time '2026-12-05T06:00:00' is not an ISO 8601 time with a zone"]}
+
+
+def test_the_alerts_only_this_run_keeps_quiet_are_named() -> None:
+    ours, other = LISTED["id"], "0d6c5a1e-aaaa-4bbb-8ccc-000000000001"
+    listed = [{"item": "mon-1", "json": [LISTED]}, {"item": "mon-2", "json": [LISTED]}]
+
+    def alert(name: str, silenced: list[str], inhibited: list[str] | None = None, **labels: str) -> dict[str, Any]:
+        return {"labels": {"alertname": name, **labels}, "startsAt": "2026-12-05T05:50:00Z",
+                "status": {"state": "suppressed" if silenced or inhibited else "active", "silencedBy": silenced,
+                           "inhibitedBy": inhibited or []}}  # fmt: skip
+
+    alerts = [{"item": "mon-1", "json": [
+        alert("D3ModelReplicasMissing", [ours], model="d3-lite", router="r1"),
+        alert("D3ModelReplicasMissing", [ours, other], model="d3-lite", router="r2"),  # an operator's silence too
+        alert("D3RouterQueue", [ours], ["x"], model="d3-lite"),  # inhibited: stays quiet
+        alert("D3InstanceDown", [], host="h"),  # not silenced: already notified
+        alert("D3RequestsWaiting", [other]), "x", {"status": None},
+    ]}, {"item": "mon-2", "json": [alert("D3InstanceDigestDrift", [ours], host="l4-a")]}, {"item": "mon-3", "json": [alert("X", [ours])]},
+        {"item": "mon-2"}, "x"]  # fmt: skip
+    assert metrics_silences_held(alerts, listed, "run 7") == [
+        "mon-1: D3ModelReplicasMissing{model=d3-lite,router=r1} since 2026-12-05T05:50:00Z",
+        "mon-2: D3InstanceDigestDrift{host=l4-a} since 2026-12-05T05:50:00Z"]
+    assert metrics_silences_held(alerts, listed, "run 8") == metrics_silences_held("x", listed, "run 7") == []
 
 
 def test_each_monitor_s_alertmanager_is_reached_where_it_listens_checked_first() -> None:
@@ -603,7 +674,8 @@ def test_bad_timings_are_refused() -> None:
 def test_the_filters_are_exported() -> None:
     assert FilterModule().filters() == {"d3_metrics_scrape": metrics_scrape, "d3_metrics_rules": metrics_rules,
                                         "d3_metrics_alertmanager": metrics_alertmanager, "d3_metrics_silences": metrics_silences,
-                                        "d3_metrics_silences_ours": metrics_silences_ours, "d3_metrics_silences_delete": metrics_silences_delete,
+                                        "d3_metrics_silences_ours": metrics_silences_ours, "d3_metrics_silences_end": metrics_silences_end,
+                                        "d3_metrics_silences_held": metrics_silences_held,
                                         "d3_metrics_silence_targets": metrics_silence_targets}  # fmt: skip
 
 
@@ -761,4 +833,4 @@ def test_silence_bounds() -> None:
 def test_the_run_s_silences_need_its_identity() -> None:
     mine = {"id": "1", "createdBy": "d3-fleet", "comment": ": planned restart of l4-a", "status": {"state": "active"}}
     assert metrics_silences_ours([mine], "") == []
-    assert metrics_silences_delete([{"item": "mon-1", "json": [mine]}], "") == []
+    assert metrics_silences_end([{"item": "mon-1", "json": [mine]}], "", "2026-12-05T06:00:00Z", {"mon-1": ["5s", "5s"]})["silences"] == []

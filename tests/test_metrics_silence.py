@@ -1,12 +1,15 @@
 """The planned-restart silences (role d3_metrics, tasks_from silence.yml, as rollout.yml and site.yml include it): one
 run of the task file against a fake Alertmanager speaking API v2 (tests/contracts/alertmanager/api-v2-silences.yml)
-posts the filter's silences for the restarted hosts' models, with the run's identity, and deletes exactly those at
-its end; an Alertmanager that does not answer is a warning, not a failure."""
+posts the filter's silences for the restarted hosts' models, with the run's identity, and at its end makes exactly
+those end a settle time later (posted again with their id, as Alertmanager updates a silence in place), naming the
+alerts only they keep quiet; an Alertmanager that does not answer is a warning, not a failure."""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,22 +25,40 @@ API = yaml.safe_load((ROOT / "tests/contracts/alertmanager/api-v2-silences.yml")
 
 
 class FakeAlertmanager(QuietHandler):
-    """POST /api/v2/silences stores a silence (answers {silenceID}); GET lists them with their state; DELETE
-    /api/v2/silence/ID expires one. One other operator's silence is there from the start."""
+    """POST /api/v2/silences stores a silence (answers {silenceID}), or updates the one whose id it carries as
+    Alertmanager 0.25 does (the contract's update rules: matchers and startsAt kept, endsAt not in the past); GET
+    lists them with their state; DELETE /api/v2/silence/ID expires one; GET /api/v2/alerts answers ``alerts``, each
+    silenced by the silences whose first matcher's value names its alertname. One other operator's silence is there
+    from the start."""
 
     silences: ClassVar[dict[str, dict[str, Any]]] = {}
     calls: ClassVar[list[tuple[str, str]]] = []
+    alerts: ClassVar[list[dict[str, Any]]] = []
 
     def answer(self, body: bytes) -> tuple[int, bytes]:
         self.calls.append((self.command, self.path))
         if self.command == "POST" and self.path == API["post"]:
             silence = json.loads(body)
             assert set(API["silence_required"]) <= set(silence), silence
+            sid = silence.get(API["update_by"])
+            if sid is not None:
+                before = self.silences[sid]
+                assert all(silence[k] == before[k] for k in API["update_keeps"]), (silence, before)
+                assert silence["endsAt"] > time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), silence
+                self.silences[sid] = {**before, "endsAt": silence["endsAt"], "updates": before.get("updates", 0) + 1}
+                return 200, json.dumps({API["post_answer"]: sid}).encode()
             sid = str(uuid.uuid4())
             self.silences[sid] = {**silence, "id": sid, "status": {"state": "active"}}
             return 200, json.dumps({API["post_answer"]: sid}).encode()
         if self.command == "GET" and self.path == API["list"]:
             return 200, json.dumps(list(self.silences.values())).encode()
+        if self.command == "GET" and self.path == API["alerts"]:
+            answer = []
+            for labels in self.alerts:
+                by = [i for i, s in self.silences.items() if s.get("matchers") and labels["alertname"] in s["matchers"][0]["value"]]
+                answer.append({"labels": labels, "startsAt": "2026-12-05T05:50:00.000Z",
+                               "status": {"state": "suppressed" if by else "active", "silencedBy": by, "inhibitedBy": []}})  # fmt: skip
+            return 200, json.dumps(answer).encode()
         if self.command == "DELETE" and self.path.startswith("/api/v2/silence/"):
             sid = self.path.rsplit("/", 1)[1]
             if sid not in self.silences:
@@ -92,13 +113,16 @@ def run(tmp_path: Path, listen: str | None, **env: str) -> Any:
                             ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default", **env)  # fmt: skip
 
 
-def test_a_run_posts_its_silences_and_deletes_only_them(tmp_path: Path) -> None:
+def test_a_run_posts_its_silences_and_ends_only_them_a_settle_time_later(tmp_path: Path) -> None:
     FakeAlertmanager.silences.clear()
     FakeAlertmanager.calls.clear()
+    FakeAlertmanager.alerts[:] = [{"alertname": "D3ModelReplicasMissing", "model": "d3-flash", "router": "r1"}]
     FakeAlertmanager.silences["other"] = {"id": "other", "createdBy": "alice", "comment": "disk swap", "matchers": [],
                                           "status": {"state": "active"}}  # fmt: skip
     with serve(FakeAlertmanager) as url:
+        began = time.time()
         proc = run(tmp_path, url.removeprefix("http://"))
+        finished = time.time()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     ours = {k: v for k, v in FakeAlertmanager.silences.items() if k != "other"}
     assert len(ours) == 2
@@ -107,9 +131,16 @@ def test_a_run_posts_its_silences_and_deletes_only_them(tmp_path: Path) -> None:
     assert matchers == [(("alertname", "D3InstanceDigestDrift"), ("host", "l4-a|l4-b")), (replicas, ("model", "d3-flash|d3-mini"))]
     comments = {s["comment"] for s in ours.values()}
     assert len(comments) == 1 and next(iter(comments)).startswith("Restart two hosts (a stand-in for rollout.ymls plays) by ")
-    assert all(s["createdBy"] == "d3-fleet" and s["status"]["state"] == "expired" for s in ours.values())
-    assert FakeAlertmanager.silences["other"]["status"]["state"] == "active"  # an operator's silence stays
-    assert [c for c, _ in FakeAlertmanager.calls] == ["POST", "POST", "GET", "DELETE", "DELETE"]
+    # each updated once, in place: ending twice the role default's scrape and evaluation intervals (15 s each) later
+    assert all(s["createdBy"] == "d3-fleet" and s["status"]["state"] == "active" and s["updates"] == 1 for s in ours.values())
+    ends = {s["endsAt"] for s in ours.values()}
+    end = datetime.fromisoformat(next(iter(ends))).timestamp()
+    assert len(ends) == 1 and began + 60 - 1 <= end <= finished + 60, (ends, began, finished)
+    assert "updates" not in FakeAlertmanager.silences["other"]  # an operator's silence stays as it was
+    assert [c for c, _ in FakeAlertmanager.calls] == ["POST", "POST", "GET", "GET", "POST", "POST"]
+    said = " ".join(proc.stdout.replace("'", "").split())
+    assert ("Still firing under this runs silences at its end, which end 60 s from now: mon: "
+            "D3ModelReplicasMissing{model=d3-flash,router=r1} since 2026-12-05T05:50:00.000Z.") in said, said[-3000:]
     assert "WARNING" not in proc.stdout
 
 
@@ -118,7 +149,7 @@ def test_an_alertmanager_that_does_not_answer_is_a_warning(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout[-3000:]
     said = " ".join(proc.stdout.replace("'", "").split())  # the callback wraps and quotes long messages
     assert "WARNING: a monitors Alertmanager did not take this runs silences" in said, said[-3000:]
-    assert "WARNING: a monitors Alertmanager did not list or delete this runs silences" in said
+    assert "WARNING: a monitors Alertmanager did not list or end this runs silences" in said
 
 
 def test_a_monitor_on_the_role_default_address_gets_the_silences_there(tmp_path: Path) -> None:

@@ -403,7 +403,22 @@ def run_playbook(
             suppress_env_files=True,
         )
         events = list(result.events)
+        profile(playbook, limit, events)
         return Run(result.status, result.rc, result.stats or {}, events, result.stdout.read())
+
+
+def profile(playbook: str, limit: str | None, events: list[dict[str, Any]]) -> None:
+    """With D3_LAB_PROFILE=FILE set: append the run's task durations (host, task, seconds, from ansible-runner's
+    events) to FILE as one JSON line: where a lab test's time goes (docs/testing.md). Not set (the suite): nothing."""
+    out = os.environ.get("D3_LAB_PROFILE")
+    if not out:
+        return
+    tasks = [(e["event_data"].get("host"), e["event_data"].get("task"), round(float(e["event_data"]["duration"]), 2))
+             for e in events if e.get("event", "").startswith("runner_on_") and "duration" in e.get("event_data", {})]
+    first = min((e["created"] for e in events if "created" in e), default="")
+    last = max((e["created"] for e in events if "created" in e), default="")
+    with open(out, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"playbook": playbook, "limit": limit, "first": first, "last": last, "tasks": tasks}) + "\n")
 
 
 def recap(stdout: str, host: str = "localhost") -> dict[str, int]:

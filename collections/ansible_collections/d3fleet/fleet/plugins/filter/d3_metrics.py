@@ -1,6 +1,6 @@
 """The fleet's metrics and alerts, from the plan (Ansible filters ``d3_metrics_scrape``, ``d3_metrics_rules``,
-``d3_metrics_alertmanager``, ``d3_metrics_silences``, ``d3_metrics_silences_ours``, ``d3_metrics_silences_delete``,
-``d3_metrics_silence_targets``; role ``d3_metrics``).
+``d3_metrics_alertmanager``, ``d3_metrics_silences``, ``d3_metrics_silences_ours``, ``d3_metrics_silences_end``,
+``d3_metrics_silences_held``, ``d3_metrics_silence_targets``; role ``d3_metrics``).
 
 Pure functions: no target list, no threshold and no receiver is written by hand in YAML.
 
@@ -23,8 +23,10 @@ Pure functions: no target list, no threshold and no receiver is written by hand 
   grouping by alert and host, inhibition (a host down silences its instances and exporters; a router down its replica
   counts).
 - ``d3_metrics_silences`` / ``d3_metrics_silences_ours``: the silences a planned restart (rollout.yml, site.yml)
-  posts to Alertmanager's API v2, and which of the silences Alertmanager lists are that run's (to remove at its end);
-  ``d3_metrics_silence_targets``: where the run reaches each monitor's Alertmanager, each address checked first.
+  posts to Alertmanager's API v2, and which of the silences Alertmanager lists are that run's;
+  ``d3_metrics_silences_end``: how the run ends them (a settle time after its end, not at once);
+  ``d3_metrics_silences_held``: the alerts only they keep quiet at that end; ``d3_metrics_silence_targets``: where
+  the run reaches each monitor's Alertmanager, each address checked first.
 
 Metric names are upstream's (tests/contracts/metrics/names.yml names the sources): vLLM ``vllm/v1/metrics/loggers.py``,
 HAProxy ``addons/promex``, node exporter's textfile collector, dcgm-exporter's ``etc/default-counters.csv``; the
@@ -51,7 +53,7 @@ except ImportError:  # the unit tests import the filters as top-level modules
 DURATION = re.compile(r"\A[1-9][0-9]{0,5}(ms|s|m|h|d|w|y)\Z")
 NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 RUNBOOK = re.compile(r"\Ahttps?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%/+-]*)?\Z")
-# a silence's id as Alertmanager gives it (a UUID, api/v2/openapi.yaml): what goes into the DELETE request's path
+# a silence's id as Alertmanager gives it (a UUID, api/v2/openapi.yaml): what the end posts back to update it
 SILENCE_ID = re.compile(r"\A[0-9A-Fa-f-]{1,64}\Z")
 SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
@@ -631,7 +633,7 @@ def metrics_silence_targets(_input: Any, default: Any = "127.0.0.1:9093") -> dic
 def metrics_silences_ours(_input: Any, identity: Any) -> list[str]:
     """The ids of the silences Alertmanager lists (GET /api/v2/silences) that this run posted and that still hold
     (active or pending): created by d3-fleet, the comment starting with the run's identity, the id a UUID's characters
-    (it goes into the DELETE request's path)."""
+    (the end posts it back to update that silence)."""
     if not isinstance(_input, list) or not isinstance(identity, str) or not identity:
         return []
     ours = []
@@ -646,20 +648,84 @@ def metrics_silences_ours(_input: Any, identity: Any) -> list[str]:
     return sorted(ours)
 
 
-def metrics_silences_delete(_input: Any, identity: Any) -> list[list[str]]:
-    """``_input``: the ``results`` of a uri loop that listed each monitor's silences (``item``: the monitor, ``json``:
-    its GET /api/v2/silences answer). Returns ``[[monitor, silence id], ...]``: this run's silences, to delete."""
-    pairs = []
+def _ours_by_monitor(listed: Any, identity: Any) -> dict[str, list[dict[str, Any]]]:
+    """``listed``: the ``results`` of a uri loop that listed each monitor's silences (``item``: the monitor, ``json``:
+    its GET /api/v2/silences answer). Returns ``{monitor: [this run's silences as listed]}``."""
+    ours: dict[str, list[dict[str, Any]]] = {}
+    for result in listed if isinstance(listed, list) else []:
+        result = result if isinstance(result, dict) else {}
+        monitor, answer = result.get("item"), result.get("json")
+        if isinstance(monitor, str) and isinstance(answer, list):
+            ids = set(metrics_silences_ours(answer, identity))
+            ours[monitor] = [s for s in answer if isinstance(s, dict) and s.get("id") in ids]
+    return ours
+
+
+def metrics_silences_end(_input: Any, identity: Any, now: Any, intervals: Any) -> dict[str, Any]:
+    """How a run ends its own silences: not deleted (an alert still firing in Alertmanager when its silence goes is
+    notified at once, and a replica given back a second before is still firing there until Prometheus has scraped
+    the router and evaluated the rule: the lab's rollout under load paged so, 2026-12-05), but posted again with
+    their id and an ``endsAt`` a settle time from ``now``: twice the monitor's scrape plus evaluation interval, by
+    which the given-back servers' resolutions have reached Alertmanager. What still fires then pages: a fault the
+    planned work left. Alertmanager updates an active silence in place when only its ``endsAt`` changes and is not in
+    the past (silence/silence.go ``canUpdate``, tests/contracts/alertmanager/api-v2-silences.yml).
+
+    ``_input``: the uri loop's ``results`` (GET /api/v2/silences per monitor); ``identity``: the run's;
+    ``now``: ISO 8601 with a zone; ``intervals``: ``{monitor: [scrape_interval, evaluation_interval]}``, Prometheus
+    durations (the monitor's own variables). Returns ``{silences: [[monitor, postableSilence with id]], settle:
+    {monitor: seconds}, errors}``; a monitor whose intervals are not durations keeps its silences to their own
+    expiry, named in an error (the run warns)."""
+    errors: list[str] = []
+    start = _when(now)
+    if start is None:
+        return {"silences": [], "settle": {}, "errors": [f"silences: the run's time {shown(now)} is not an ISO 8601 time with a zone"]}
+    spans = intervals if isinstance(intervals, dict) else {}
+    ends: list[list[Any]] = []
+    settle: dict[str, float] = {}
+    for monitor, silences in sorted(_ours_by_monitor(_input, identity).items()):
+        pair = spans.get(monitor)
+        if not (isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(d, str) and DURATION.match(d) for d in pair)):
+            errors.append(f"{monitor}: its d3_metrics_scrape_interval and d3_metrics_evaluation_interval {shown(pair)} are not "
+                          "Prometheus durations: this run's silences there are left to expire by themselves")  # fmt: skip
+            continue
+        settle[monitor] = 2 * (seconds(pair[0]) + seconds(pair[1]))
+        end = start + timedelta(seconds=settle[monitor])
+        for silence in silences:
+            until = _when(silence.get("endsAt"))
+            if until is not None and until <= end:
+                continue  # it ends sooner by itself
+            keys = ("id", "matchers", "startsAt", "createdBy", "comment")
+            ends.append([monitor, {**{k: silence.get(k) for k in keys}, "endsAt": _iso(end)}])
+    return {"silences": ends, "settle": settle, "errors": errors}
+
+
+def metrics_silences_held(_input: Any, listed: Any, identity: Any) -> list[str]:
+    """The alerts only this run's silences keep quiet when it ends, one line each (``monitor: alertname{labels}
+    since startsAt``): they page when the silences end unless they resolve first. ``_input``: the results of a uri
+    loop of GET /api/v2/alerts per monitor (``item``: the monitor; gettableAlert, ``status.silencedBy`` and
+    ``status.inhibitedBy``); ``listed``: the silences' loop results, as for d3_metrics_silences_end. An alert also
+    silenced by someone else's silence, or inhibited, is left out: it stays quiet after this run's end."""
+    ours = {m: {s.get("id") for s in silences} for m, silences in _ours_by_monitor(listed, identity).items()}
+    held = []
     for result in _input if isinstance(_input, list) else []:
         result = result if isinstance(result, dict) else {}
-        if isinstance(result.get("item"), str):
-            pairs += [[result["item"], i] for i in metrics_silences_ours(result.get("json"), identity)]
-    return pairs
+        monitor, alerts = result.get("item"), result.get("json")
+        if not (isinstance(monitor, str) and ours.get(monitor) and isinstance(alerts, list)):
+            continue
+        for alert in alerts:
+            alert = alert if isinstance(alert, dict) else {}
+            status = alert.get("status") if isinstance(alert.get("status"), dict) else {}
+            by, inhibited = status.get("silencedBy") or [], status.get("inhibitedBy") or []
+            if by and set(by) <= ours[monitor] and not inhibited:
+                labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
+                shown_labels = ",".join(f"{k}={labels[k]}" for k in sorted(labels) if k != "alertname")
+                held.append(f"{monitor}: {labels.get('alertname', '?')}{{{shown_labels}}} since {alert.get('startsAt', '?')}")
+    return sorted(held)
 
 
 class FilterModule:
     """Ansible filters: d3_metrics_scrape, d3_metrics_rules, d3_metrics_alertmanager, d3_metrics_silences,
-    d3_metrics_silences_ours, d3_metrics_silences_delete, d3_metrics_silence_targets."""
+    d3_metrics_silences_ours, d3_metrics_silences_end, d3_metrics_silences_held, d3_metrics_silence_targets."""
 
     def filters(self) -> dict[str, Any]:
         return {
@@ -669,5 +735,6 @@ class FilterModule:
             "d3_metrics_silences": metrics_silences,
             "d3_metrics_silences_ours": metrics_silences_ours,
             "d3_metrics_silence_targets": metrics_silence_targets,
-            "d3_metrics_silences_delete": metrics_silences_delete,
+            "d3_metrics_silences_end": metrics_silences_end,
+            "d3_metrics_silences_held": metrics_silences_held,
         }

@@ -201,11 +201,25 @@ def test_every_entry_is_read_past_the_ones_that_pass() -> None:
                     "r2": {"check_api_key": "", "ansible_host": "10.0.0.10", "metrics_allowed": ["10.8.0.0/16", "10.9.0.0/16"]}},
         d3_monitors={"b": {"ansible_host": "10.0.0.11"}, "mon-1": {"ansible_host": "10.0.0.5"},
                      "mon-2": {"ansible_host": "10.0.0.6"}}))  # fmt: skip
-    assert [p.split(" (")[0].split(":")[0] for p in problems] == ["router r2 cannot authenticate to b", "host b", "router r2"]
-    assert "the monitor mon-1 ('10.0.0.5'), mon-2 ('10.0.0.6') of d3-monitors would be refused" in problems[1]
-    assert "d3_firewall_monitors = ['bad', '10.9.0.0/16'] reach" in problems[1]
+    assert [p.split(" (")[0].split(":")[0] for p in problems] == ["router r2 cannot authenticate to b", "d3-monitors lists 3 hosts",
+                                                                  "host b", "router r2"]  # fmt: skip
+    assert "the monitor mon-1 ('10.0.0.5'), mon-2 ('10.0.0.6') of d3-monitors would be refused" in problems[2]
+    assert "d3_firewall_monitors = ['bad', '10.9.0.0/16'] reach" in problems[2]
     assert ("d3_router_metrics_allowed = ['10.8.0.0/16', '10.9.0.0/16'] only: the monitor b ('10.0.0.11'), "
-            "mon-1 ('10.0.0.5'), mon-2 ('10.0.0.6') of d3-monitors would get 403") in problems[2]  # fmt: skip
+            "mon-1 ('10.0.0.5'), mon-2 ('10.0.0.6') of d3-monitors would get 403") in problems[3]  # fmt: skip
+
+
+@pytest.mark.parametrize("monitors", [{}, {"mon-1": {}}, {"mon-1": {}, "mon-2": {}}])
+def test_more_than_one_monitor_is_refused(monitors: dict[str, Any]) -> None:
+    """Each monitor runs its own Alertmanager, not clustered: two monitors page every alert twice (the SRE review of
+    2026-12-05, one D3RouterDown and two notifications on Alertmanager 0.25)."""
+    problems = fleet_problems(fleet(l4_nodes={"a": {"firewall": False}}, d3_monitors=monitors))
+    if len(monitors) <= 1:
+        assert problems == []
+    else:
+        assert problems == ["d3-monitors lists 2 hosts (mon-1, mon-2): each would run its own Alertmanager, not clustered "
+                            "with the others, and every alert would page once per monitor. Fix: keep one host in d3-monitors "
+                            "(its Watchdog, d3_metrics_watchdog_webhook, tells you when it stops); docs/metrics.md."]  # fmt: skip
 
 
 def test_a_host_without_an_address_is_reached_at_its_name() -> None:

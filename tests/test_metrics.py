@@ -289,9 +289,10 @@ def test_one_down_and_one_replica_rule_per_model(fleet: dict[str, Any]) -> None:
     d3_metrics_instance_down_for); its replicas are counted per router against the replicas answering."""
     rules = rules_of(fleet)
     down = [(r["labels"]["model"], r["expr"], r["for"]) for r in rules if r["alert"] == "D3InstanceDown"]
-    assert down == [('d3-flash', 'up{job="d3-vllm", model="d3-flash"} == 0', "113s"),
-                    ('d3-mini', 'up{job="d3-vllm", model="d3-mini"} == 0', "1m"),
-                    ('triage', 'up{job="d3-vllm", model="triage"} == 0', "1m")]  # fmt: skip
+    unless = ' unless on (host) (up{job="d3-node"} == 0)'  # a host down is D3HostDown's alone
+    assert down == [('d3-flash', 'up{job="d3-vllm", model="d3-flash"} == 0' + unless, "113s"),
+                    ('d3-mini', 'up{job="d3-vllm", model="d3-mini"} == 0' + unless, "1m"),
+                    ('triage', 'up{job="d3-vllm", model="triage"} == 0' + unless, "1m")]  # fmt: skip
     replica = [(r["labels"]["model"], r["expr"], r["for"]) for r in rules if r["alert"] == "D3ModelReplicasMissing"]
     assert replica == [
         ("d3-flash", '(d3:router_servers_up:sum{proxy="be_d3-flash"} or on (host) (d3:router_up == 1) * 0) '
@@ -529,6 +530,19 @@ def test_a_run_ends_its_silences_a_settle_time_later_not_at_once() -> None:
                                 {"mon-1": ["5s", "5s"]})["silences"][0][1]["endsAt"] == "2026-12-05T06:00:20.000Z"  # fmt: skip
     # not this run's, or no identity: nothing
     assert metrics_silences_end(results, "run 8", "2026-12-05T06:00:00Z", {"mon-1": ["5s", "5s"]})["silences"] == []
+
+
+def test_the_settle_time_counts_from_the_monitor_s_clock() -> None:
+    """The Date header of the monitor's silences answer, not the controller's time: a controller 70 s behind the monitor
+    would post an endsAt Alertmanager refuses (400, the SRE review's exp_skew.py on 0.25); 50 s behind, a 60 s
+    settle would shrink to 10 s. An answer without a Date header (or a bad one) falls back to the run's time."""
+    spans = {"mon-1": ["15s", "15s"]}
+    ahead = [{"item": "mon-1", "json": [LISTED], "date": "Sat, 05 Dec 2026 06:01:10 GMT"}]
+    out = metrics_silences_end(ahead, "run 7", "2026-12-05T06:00:00Z", spans)
+    assert [s["endsAt"] for _, s in out["silences"]] == ["2026-12-05T06:02:10.000Z"]
+    for bad in ("yesterday", "Sat, 05 Dec 2026 06:01:10", "", None, 5):
+        out = metrics_silences_end([{**ahead[0], "date": bad}], "run 7", "2026-12-05T06:00:00Z", spans)
+        assert [s["endsAt"] for _, s in out["silences"]] == ["2026-12-05T06:01:00.000Z"], bad
 
 
 @pytest.mark.parametrize("spans", [{}, {"mon-1": ["5s"]}, {"mon-1": ["5s", "5"]}, {"mon-1": ["5s", 5]}, {"mon-1": "5s"},

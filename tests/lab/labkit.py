@@ -417,8 +417,10 @@ def profile(playbook: str, limit: str | None, events: list[dict[str, Any]]) -> N
              for e in events if e.get("event", "").startswith("runner_on_") and "duration" in e.get("event_data", {})]
     first = min((e["created"] for e in events if "created" in e), default="")
     last = max((e["created"] for e in events if "created" in e), default="")
+    starts = [(e["created"], e["event_data"].get("task")) for e in events if e.get("event") == "playbook_on_task_start"]
     with open(out, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"playbook": playbook, "limit": limit, "first": first, "last": last, "tasks": tasks}) + "\n")
+        f.write(json.dumps({"playbook": playbook, "limit": limit, "first": first, "last": last, "tasks": tasks,
+                            "starts": starts}) + "\n")  # fmt: skip
 
 
 def recap(stdout: str, host: str = "localhost") -> dict[str, int]:

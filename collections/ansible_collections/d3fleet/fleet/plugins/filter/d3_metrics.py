@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from ansible_collections.d3fleet.fleet.plugins.module_utils.d3_address import address_problem as _address_problem
@@ -190,6 +191,18 @@ def _host_address(spec: dict[str, Any], host: str, monitor_host: str) -> str:
         if spec.get(key) not in (None, ""):
             return str(spec[key])
     return host
+
+
+def monitors_problem(monitors: Any) -> str | None:
+    """More than one monitor is refused: each runs its own Alertmanager, not clustered (no gossip, each Prometheus
+    sends to its own), so every alert would page once per monitor (the SRE review of 2026-12-05: one D3RouterDown, two
+    notifications, on Alertmanager 0.25). The Watchdog, at a receiver of its own, is what watches the one monitor."""
+    names = sorted(str(m) for m in monitors) if isinstance(monitors, dict | list) else []
+    if len(names) <= 1:
+        return None
+    return (f"d3-monitors lists {len(names)} hosts ({', '.join(names)}): each would run its own Alertmanager, not "
+            "clustered with the others, and every alert would page once per monitor. Fix: keep one host in d3-monitors "
+            "(its Watchdog, d3_metrics_watchdog_webhook, tells you when it stops); docs/metrics.md.")
 
 
 def metrics_scrape(
@@ -390,6 +403,7 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
         # a host down is D3HostDown's alone: its other exporters' alerts have the same for:, and whichever scrape
         # failed first would fire (and notify) before the inhibition's source exists (the lab's router stopped paged
         # D3RouterDown beside D3HostDown, 2026-12-05); `unless` resets them once the host's node exporter is down too
+        # (D3InstanceDown too, below: a model on the 1m floor waits as long as D3HostDown)
         _alert("D3RouterDown", f'up{{job="d3-router"}} == 0 unless on (host) {NODE_DOWN}', opts["host_down_for"], "critical",
                "router {{ $labels.host }}: HAProxy's exporter does not answer", book),
         _alert("D3TargetDown", f'up{{job=~"d3-prometheus|d3-alertmanager|d3-dcgm"}} == 0 unless on (host) {NODE_DOWN}',
@@ -458,7 +472,7 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
         served, backend, servers = model["served"], model["backend"], model["servers"]
         bound = max(floor, cold_start_s(servers, opts["cold_start_s_per_gb"]) * opts["cold_start_margin"])
         rules.append(_alert(
-            "D3InstanceDown", f'up{{job="d3-vllm", model="{served}"}} == 0', _duration(bound), "critical",
+            "D3InstanceDown", f'up{{job="d3-vllm", model="{served}"}} == 0 unless on (host) {NODE_DOWN}', _duration(bound), "critical",
             f"{where} has not answered /metrics for {_duration(bound)} (its expected cold start, doubled)", book,
             model=served))  # fmt: skip
         rules.append(_alert(
@@ -648,17 +662,27 @@ def metrics_silences_ours(_input: Any, identity: Any) -> list[str]:
     return sorted(ours)
 
 
-def _ours_by_monitor(listed: Any, identity: Any) -> dict[str, list[dict[str, Any]]]:
+def _ours_by_monitor(listed: Any, identity: Any) -> dict[str, tuple[list[dict[str, Any]], datetime | None]]:
     """``listed``: the ``results`` of a uri loop that listed each monitor's silences (``item``: the monitor, ``json``:
-    its GET /api/v2/silences answer). Returns ``{monitor: [this run's silences as listed]}``."""
-    ours: dict[str, list[dict[str, Any]]] = {}
+    its GET /api/v2/silences answer, ``date``: the answer's Date header). Returns ``{monitor: ([this run's silences as
+    listed], the monitor's time or None)}``."""
+    ours: dict[str, tuple[list[dict[str, Any]], datetime | None]] = {}
     for result in listed if isinstance(listed, list) else []:
         result = result if isinstance(result, dict) else {}
         monitor, answer = result.get("item"), result.get("json")
         if isinstance(monitor, str) and isinstance(answer, list):
             ids = set(metrics_silences_ours(answer, identity))
-            ours[monitor] = [s for s in answer if isinstance(s, dict) and s.get("id") in ids]
+            ours[monitor] = ([s for s in answer if isinstance(s, dict) and s.get("id") in ids], _http_date(result.get("date")))
     return ours
+
+
+def _http_date(text: Any) -> datetime | None:
+    """An HTTP Date header (RFC 9110, "Sat, 05 Dec 2026 06:00:00 GMT") as a time, or None."""
+    try:
+        when = parsedate_to_datetime(str(text))
+    except (TypeError, ValueError, IndexError):
+        return None
+    return when if when.tzinfo else None
 
 
 def metrics_silences_end(_input: Any, identity: Any, now: Any, intervals: Any) -> dict[str, Any]:
@@ -668,7 +692,10 @@ def metrics_silences_end(_input: Any, identity: Any, now: Any, intervals: Any) -
     their id and an ``endsAt`` a settle time from ``now``: twice the monitor's scrape plus evaluation interval, by
     which the given-back servers' resolutions have reached Alertmanager. What still fires then pages: a fault the
     planned work left. Alertmanager updates an active silence in place when only its ``endsAt`` changes and is not in
-    the past (silence/silence.go ``canUpdate``, tests/contracts/alertmanager/api-v2-silences.yml).
+    the past (silence/silence.go ``canUpdate``, tests/contracts/alertmanager/api-v2-silences.yml). The settle time
+    counts from the monitor's own clock (the Date header of its silences answer; ``now`` only where it sent none): a
+    controller's clock behind the monitor's by more than the settle time would give an ``endsAt`` Alertmanager
+    refuses, leaving the silences an hour (the SRE review of 2026-12-05, on Alertmanager 0.25).
 
     ``_input``: the uri loop's ``results`` (GET /api/v2/silences per monitor); ``identity``: the run's;
     ``now``: ISO 8601 with a zone; ``intervals``: ``{monitor: [scrape_interval, evaluation_interval]}``, Prometheus
@@ -682,14 +709,14 @@ def metrics_silences_end(_input: Any, identity: Any, now: Any, intervals: Any) -
     spans = intervals if isinstance(intervals, dict) else {}
     ends: list[list[Any]] = []
     settle: dict[str, float] = {}
-    for monitor, silences in sorted(_ours_by_monitor(_input, identity).items()):
+    for monitor, (silences, clock) in sorted(_ours_by_monitor(_input, identity).items()):
         pair = spans.get(monitor)
         if not (isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(d, str) and DURATION.match(d) for d in pair)):
             errors.append(f"{monitor}: its d3_metrics_scrape_interval and d3_metrics_evaluation_interval {shown(pair)} are not "
                           "Prometheus durations: this run's silences there are left to expire by themselves")  # fmt: skip
             continue
         settle[monitor] = 2 * (seconds(pair[0]) + seconds(pair[1]))
-        end = start + timedelta(seconds=settle[monitor])
+        end = (clock or start) + timedelta(seconds=settle[monitor])
         for silence in silences:
             until = _when(silence.get("endsAt"))
             if until is not None and until <= end:
@@ -705,7 +732,7 @@ def metrics_silences_held(_input: Any, listed: Any, identity: Any) -> list[str]:
     loop of GET /api/v2/alerts per monitor (``item``: the monitor; gettableAlert, ``status.silencedBy`` and
     ``status.inhibitedBy``); ``listed``: the silences' loop results, as for d3_metrics_silences_end. An alert also
     silenced by someone else's silence, or inhibited, is left out: it stays quiet after this run's end."""
-    ours = {m: {s.get("id") for s in silences} for m, silences in _ours_by_monitor(listed, identity).items()}
+    ours = {m: {s.get("id") for s in silences} for m, (silences, _) in _ours_by_monitor(listed, identity).items()}
     held = []
     for result in _input if isinstance(_input, list) else []:
         result = result if isinstance(result, dict) else {}

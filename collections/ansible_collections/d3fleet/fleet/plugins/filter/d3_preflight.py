@@ -18,9 +18,11 @@ from typing import Any
 try:  # under Ansible: the collection's own modules
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_inputs import shown
     from ansible_collections.d3fleet.fleet.plugins.filter.d3_metrics import _host_address as scrape_address
+    from ansible_collections.d3fleet.fleet.plugins.filter.d3_metrics import monitors_problem
 except ImportError:  # the unit tests import the filters as top-level modules
     from d3_inputs import shown  # type: ignore[no-redef]
     from d3_metrics import _host_address as scrape_address  # type: ignore[no-redef]
+    from d3_metrics import monitors_problem  # type: ignore[no-redef]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -165,12 +167,14 @@ def monitor_problems(fleet: Mapping[str, Any]) -> list[str]:
 
 
 def fleet_problems(_input: Any) -> list[str]:
-    """Every refusal across groups (``key_problems`` then ``monitor_problems``); empty when the fleet passes.
+    """Every refusal across groups (``key_problems``, more than one monitor (d3_metrics.monitors_problem), then
+    ``monitor_problems``); empty when the fleet passes.
     ``_input``: ``{l4-nodes: {host: {api_key, backend_address, ansible_host, firewall, firewall_monitors}},
     d3-routers: {host: {check_api_key, ansible_host, firewall, firewall_monitors, metrics_allowed}},
     d3-monitors: {host: {ansible_host}}}``."""
     fleet = _input if isinstance(_input, Mapping) else {}
-    return key_problems(fleet) + monitor_problems(fleet)
+    several = monitors_problem(_members(fleet, "d3-monitors"))
+    return key_problems(fleet) + ([several] if several else []) + monitor_problems(fleet)
 
 
 class FilterModule:

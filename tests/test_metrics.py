@@ -442,14 +442,58 @@ def test_a_planned_restart_silences_what_it_trips_and_never_instance_down() -> N
     assert out["silences"] == [
         {"matchers": [{"name": "alertname", "value": "D3ModelReplicasMissing|D3RouterQueue|D3RequestsWaiting", "isRegex": True, "isEqual": True},
                       {"name": "model", "value": "d3-flash|d3\\.x|triage", "isRegex": True, "isEqual": True}], **common},
+        {"matchers": [{"name": "alertname", "value": "D3RouterErrors", "isRegex": True, "isEqual": True},
+                      {"name": "model", "value": "d3-flash|d3\\.x|triage", "isRegex": True, "isEqual": True}], **common},
         {"matchers": [{"name": "alertname", "value": "D3InstanceDigestDrift", "isRegex": True, "isEqual": True},
                       {"name": "host", "value": "l4-a|l4-b", "isRegex": True, "isEqual": True}], **common},
     ]  # fmt: skip
+    assert out["left_out"] == []
     assert "D3InstanceDown" not in str(out["silences"]) and "D3HostDown" not in str(out["silences"])
     only_host = metrics_silences({"l4-a": None}, "x", "2026-12-02T14:00:00Z")
     assert [m["value"] for s in only_host["silences"] for m in s["matchers"]] == ["D3InstanceDigestDrift", "l4-a"]
     assert only_host["silences"][0]["endsAt"] == "2026-12-02T15:00:00.000Z"
-    assert metrics_silences({}, "x", "2026-12-02T14:00:00Z") == {"silences": [], "errors": []}
+    assert metrics_silences({}, "x", "2026-12-02T14:00:00Z") == {"silences": [], "errors": [], "left_out": []}
+
+
+def test_an_incident_open_before_the_run_is_left_out_of_its_silences() -> None:
+    """A model (or host) whose alert Alertmanager has notified and still holds open (state active) gets no silence:
+    a silence would hold back that incident's resolution for good (Alertmanager resolves only what it notified; the
+    SRE review's exp_resolved_muted.py on 0.25). Alerts already silenced or inhibited, of other kinds, of models or
+    hosts the run does not restart, change nothing."""
+
+    def answer(*alerts: tuple[str, str, dict[str, str]]) -> dict[str, Any]:
+        return {"item": "mon", "json": [{"labels": {"alertname": a, **labels}, "status": {"state": state}} for a, state, labels in alerts]}
+
+    opened = [answer(("D3RequestsWaiting", "active", {"model": "d3-flash", "host": "l4-a"}),
+                     ("D3RouterErrors", "active", {"model": "triage", "host": "r1"}),
+                     ("D3RouterQueue", "suppressed", {"model": "d3.x"}),  # silenced or inhibited: notified nothing
+                     ("D3InstanceDown", "active", {"model": "d3.x"}),  # never silenced anyway
+                     ("D3ModelReplicasMissing", "active", {"model": "other"})),  # not restarted
+              answer(("D3InstanceDigestDrift", "active", {"host": "l4-b"})), {"item": "mon-2"}, "x",
+              {"item": "mon", "json": [{"labels": None, "status": {"state": "active"}}, {"labels": {"alertname": "D3RouterQueue", "model": "d3.x"}}]}]  # fmt: skip
+    out = metrics_silences({"l4-b": ["d3-flash", "triage"], "l4-a": ["d3-flash", "d3.x"]}, "run 7", "2026-12-02T14:00:00Z", 60, opened)
+    assert [[m["value"] for m in s["matchers"]] for s in out["silences"]] == [
+        ["D3ModelReplicasMissing|D3RouterQueue|D3RequestsWaiting", "d3\\.x"], ["D3RouterErrors", "d3\\.x"], ["D3InstanceDigestDrift", "l4-a"]]
+    assert out["left_out"] == ["host l4-b (D3InstanceDigestDrift open)", "model d3-flash (D3RequestsWaiting open)",
+                               "model triage (D3RouterErrors open)"]  # fmt: skip
+    assert "l4-a, l4-b" in out["silences"][0]["comment"]  # the comment still names every host restarted
+    everything = metrics_silences({"l4-b": ["triage"]}, "run 7", "2026-12-02T14:00:00Z", 60, [answer(
+        ("D3RouterQueue", "active", {"model": "triage"}), ("D3InstanceDigestDrift", "active", {"host": "l4-b"}))])
+    assert everything == {"silences": [], "errors": [], "left_out": ["host l4-b (D3InstanceDigestDrift open)",
+                                                                       "model triage (D3RouterQueue open)"]}  # fmt: skip
+
+
+def test_the_error_ratio_silence_ends_the_ratio_s_window_after_the_others() -> None:
+    """A restart with no replica left answers 503 through it, and the 5xx ratio over the recording rule's window keeps
+    them for that window after it: its silence ends that window (5m) after the others' settle time."""
+    listed = [{"item": "mon-1", "json": [
+        {**LISTED, "id": "a"},
+        {**LISTED, "id": "b", "matchers": [{"name": "alertname", "value": "D3RouterErrors", "isRegex": True, "isEqual": True},
+                                           {"name": "model", "value": "d3-27b", "isRegex": True, "isEqual": True}]}]}]  # fmt: skip
+    out = metrics_silences_end(listed, "run 7", "2026-12-05T06:00:00Z", {"mon-1": ["15s", "15s"]})
+    assert {s["id"]: s["endsAt"] for _, s in out["silences"]} == {"a": "2026-12-05T06:01:00.000Z", "b": "2026-12-05T06:06:00.000Z"}
+    rules = {r.get("record"): r["expr"] for r in metrics_rules([], {})["rules"]["groups"][0]["rules"]}
+    assert "[5m]" in rules["d3:router_backend_responses:rate5m"]
 
 
 @pytest.mark.parametrize(
@@ -841,7 +885,7 @@ def test_silence_bounds() -> None:
     # a model name that cannot go into a matcher is left out; a host with no model gets only the digest silence
     out = metrics_silences({"h": ["m", "a b", 3], "g": None}, "id", "2026-12-02T14:00:00Z")
     assert [m["value"] for m in out["silences"][0]["matchers"]][1] == "m"
-    assert [m["value"] for m in out["silences"][1]["matchers"]][1] == "g|h"
+    assert [m["value"] for m in out["silences"][2]["matchers"]][1] == "g|h"
 
 
 def test_the_run_s_silences_need_its_identity() -> None:

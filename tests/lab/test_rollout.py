@@ -46,7 +46,6 @@ from typing import Any
 import labkit
 import pytest
 import routerkit
-import yaml
 from drillkit import figure
 from labkit import IMAGE, ROOT, Run, on_host, registry_digest, run_playbook, running
 from routerkit import MODEL, PAIR_HOST, REPLICAS, ROUTER, WARMUP_S, load_tool, server_states, set_state
@@ -401,10 +400,30 @@ def alertmanager(method: str = "GET", path: str = "/api/v2/silences") -> Any:
     return json.loads(on_host(ROUTER, f"python3 -c {script!r} 'http://127.0.0.1:9093{path}' {method}"))
 
 
-def rollout_silences(since: str) -> list[dict[str, Any]]:
-    """The silences a planned restart posted (d3_metrics silence.yml) that started at ``since`` (UTC) or later."""
+def rollout_silences(since: str, errors: bool = True) -> list[dict[str, Any]]:
+    """The silences a planned restart posted (d3_metrics silence.yml) that started at ``since`` (UTC) or later;
+    ``errors`` False: without the router error ratio's, which ends the ratio's window (5 min) after the others."""
     return [x for x in alertmanager() if x["createdBy"] == "d3-fleet" and "planned restart of" in x["comment"]
-            and x["startsAt"][:19] >= since]  # fmt: skip
+            and x["startsAt"][:19] >= since and (errors or x["matchers"][0]["value"] != "D3RouterErrors")]  # fmt: skip
+
+
+def wait_for_the_silences_to_end(since: str) -> list[dict[str, Any]]:
+    """A run's silences once they ended a settle time after it (twice the lab monitor's 5 s scrape and evaluation
+    intervals: 20 s), shortened from the hour they were posted with; the error ratio's, left to its later end, is
+    checked to end within its window (5 min) and the settle time of the others."""
+    ours = rollout_silences(since)
+    assert ours, "the run posted no silence"
+
+    def span(x: dict[str, Any]) -> float:
+        return (datetime.fromisoformat(x["endsAt"]) - datetime.fromisoformat(x["startsAt"])).total_seconds()
+
+    assert all(span(x) < 3000 for x in ours), ours
+    labkit.wait_until("the run's silences expired", lambda: {x["status"]["state"] for x in rollout_silences(since, errors=False)}
+                      == {"expired"}, timeout=120, poll=1)  # fmt: skip
+    ended = max(datetime.fromisoformat(x["endsAt"]) for x in rollout_silences(since, errors=False))
+    later = [(datetime.fromisoformat(x["endsAt"]) - ended).total_seconds() for x in ours if x not in rollout_silences(since, errors=False)]
+    assert later and all(290 <= s <= 310 for s in later), later
+    return ours
 
 
 # what the drill's status run saw (asked about nightly-next): the whole-fleet rollout's drift before it
@@ -642,13 +661,8 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     # D3ModelReplicasMissing so). The webhook listens until they have expired by themselves and then for OBSERVE_S
     # more (the lab's group_interval is 1 s: a page held back by them would have come): it got no alert that started
     # since the rollout began, the Watchdog aside
-    ours = rollout_silences(since)
-    assert ours, "the rollout posted no silence"
-    ending = max(x["endsAt"] for x in ours)
-    # shortened from the hour they were posted with (d3_metrics_silence_minutes) to the settle time
-    assert all((datetime.fromisoformat(x["endsAt"]) - datetime.fromisoformat(x["startsAt"])).total_seconds() < 3000 for x in ours), ours
-    labkit.wait_until("the rollout's silences expired", lambda: {x["status"]["state"] for x in rollout_silences(since)} == {"expired"},
-                      timeout=120, poll=1)  # fmt: skip
+    ours = wait_for_the_silences_to_end(since)
+    ending = min(x["endsAt"] for x in ours)
     time.sleep(OBSERVE_S)  # a window in which nothing must arrive: no event to poll for
     receiver.terminate()
     receiver.wait(timeout=10)
@@ -658,8 +672,8 @@ def test_rollout_to_next_tag_under_load_fails_no_request(fleet: list[str], route
     pages = [(a["labels"], a["startsAt"], a["status"]) for rec in records if rec["path"] == "/alerts" and rec["body"]
              for a in rec["body"]["alerts"] if a["startsAt"][:19] >= since]  # fmt: skip
     assert pages == [], pages
-    print(f"webhook during the rollout and {OBSERVE_S} s after its silences ended ({ending}): nothing; {len(ours)} silences "
-          f"posted and ended ({ours[0]['comment']})")  # fmt: skip
+    print(f"webhook during the rollout and {OBSERVE_S} s after its silences ended ({ending}; the error ratio's 5 min later): "
+          f"nothing; {len(ours)} silences posted and ended ({ours[0]['comment']})")  # fmt: skip
 
 
 def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_and_no_request_fails(
@@ -708,18 +722,11 @@ def test_a_broken_tag_stops_at_the_canary_which_rolls_back_through_the_router_an
         assert json.loads(answer)["object"] == "structured_decision"
     assert running(other) == before[other]
 
-    # a rollout that stops skips its end play (docs/rollouts.md), so its silences are not removed: they stay active
-    # with their own expiry, d3_metrics_silence_minutes after their start (the role default, 60: the lab sets none)
-    left = rollout_silences(since)
-    assert left and {x["status"]["state"] for x in left} == {"active"}, left
-    minutes = yaml.safe_load((ROOT / "roles/d3_metrics/defaults/main.yml").read_text())["d3_metrics_silence_minutes"]
-    spans = {(datetime.fromisoformat(x["endsAt"].replace("Z", "+00:00")) - datetime.fromisoformat(x["startsAt"].replace("Z", "+00:00")))
-             .total_seconds() for x in left}  # fmt: skip
-    assert all(minutes * 60 - 60 <= s <= minutes * 60 for s in spans), (spans, left)
-    # what the operator does after reading the failure: expire them (they would hold the next session's checks quiet)
-    for silence in left:
-        alertmanager("DELETE", f"/api/v2/silence/{silence['id']}")
-    assert {x["status"]["state"] for x in rollout_silences(since)} == {"expired"}
+    # a rollout that stops on a failure skips its end play (docs/rollouts.md), but its rescue, once the canary is back
+    # and given back, ends the rollout's silences a settle time later as the end play would (not an hour later: a
+    # fault the rollback left pages; the SRE review of 2026-12-05): they end within the settle time (20 s in the lab)
+    # of the run's end, well before the hour they were posted with (d3_metrics_silence_minutes)
+    wait_for_the_silences_to_end(since)
     figure(9, "broken image at the canary", f"stopped at the canary {canary}, drained again, back on its previous digest, "
            f"serving and given back to the router; the other replica untouched; 0 failed requests", started)  # fmt: skip
 

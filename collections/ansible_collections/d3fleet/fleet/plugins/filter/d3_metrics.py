@@ -71,6 +71,12 @@ VLLM_READ = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_
 NODE_DOWN = '(up{job="d3-node"} == 0)'  # a host whose node exporter does not answer: D3HostDown's
 SILENCED_BY_MODEL = ("D3ModelReplicasMissing", "D3RouterQueue", "D3RequestsWaiting")
 SILENCED_BY_HOST = ("D3InstanceDigestDrift",)
+# the router's 5xx ratio over ERRORS_WINDOW: a model restarted with no replica left to serve (one replica, or
+# site.yml restarting every host at once) answers 503 through its restart, and the ratio stays high for the window
+# after it (the SRE review of 2026-12-05: a one-replica 27B restart paged D3RouterErrors 3 minutes after it ended):
+# its own silence ends ERRORS_WINDOW after the others
+SILENCED_FOR_WINDOW = ("D3RouterErrors",)
+ERRORS_WINDOW = "5m"
 
 DEFAULTS: dict[str, Any] = {
     "scrape_interval": "15s",
@@ -351,8 +357,8 @@ def _records(gpus: dict[str, int]) -> list[dict[str, Any]]:
         {"record": "d3:router_up", "expr": 'max by (host) (up{job="d3-router"})'},
         {"record": "d3:router_servers_up:sum", "expr": 'sum by (host, proxy) (haproxy_server_status{job="d3-router", state="UP"})'},
         {"record": "d3:vllm_up:count", "expr": 'count by (model) (up{job="d3-vllm"} == 1)'},
-        {"record": "d3:router_backend_responses:rate5m",
-         "expr": 'sum by (host, proxy, code) (rate(haproxy_backend_http_responses_total{job="d3-router"}[5m]))'},
+        {"record": f"d3:router_backend_responses:rate{ERRORS_WINDOW}",
+         "expr": f'sum by (host, proxy, code) (rate(haproxy_backend_http_responses_total{{job="d3-router"}}[{ERRORS_WINDOW}]))'},
         {"record": "d3:host_gpus:count", "expr": 'count by (host) (d3_gpu_memory_total_bytes{job="d3-node"})'},
     ]  # fmt: skip
     if gpus:
@@ -577,14 +583,32 @@ def _iso(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
-def metrics_silences(_input: Any, identity: Any, now: Any, minutes: Any = 60) -> dict[str, Any]:
+def _open_alerts(results: Any) -> list[dict[str, Any]]:
+    """The labels of the alerts Alertmanager notifies now (state ``active``: neither silenced nor inhibited), from a
+    uri loop's results of GET /api/v2/alerts (``json`` each monitor's answer)."""
+    found = []
+    for result in results if isinstance(results, list) else []:
+        answer = result.get("json") if isinstance(result, dict) else None
+        for alert in answer if isinstance(answer, list) else []:
+            alert = alert if isinstance(alert, dict) else {}
+            status = alert.get("status") if isinstance(alert.get("status"), dict) else {}
+            if status.get("state") == "active" and isinstance(alert.get("labels"), dict):
+                found.append(alert["labels"])
+    return found
+
+
+def metrics_silences(_input: Any, identity: Any, now: Any, minutes: Any = 60, open_alerts: Any = None) -> dict[str, Any]:
     """The silences a planned restart posts to Alertmanager's API v2 (POST /api/v2/silences, tests/contracts/
     alertmanager/api-v2-silences.yml). ``_input``: the hosts it restarts, ``{host: [served model names]}``;
     ``identity``: the run's (playbook, controller, start), written as the comment so its end finds them;
     ``now``: the run's time, ISO 8601 with a zone; ``minutes``: how long they hold at most (they expire by
     themselves if the run dies). Returns ``{silences: [postableSilence...], errors}``: one on the models' replica,
-    router-queue and waiting alerts, one on the hosts' digest drift. D3InstanceDown is never silenced: it waits out
-    each model's cold start, so a restart that overruns it pages."""
+    router-queue and waiting alerts, one on their router error ratios (ended later: ERRORS_WINDOW), one on the
+    hosts' digest drift. D3InstanceDown is never silenced: it waits out each model's cold start, so a restart that
+    overruns it pages. ``open_alerts``: the uri loop's results of GET /api/v2/alerts on the monitors: a model (or host)
+    with one of these alerts already notified and open is left out of the silences and named in ``left_out`` (a
+    silence would hold back that incident's resolution for good: Alertmanager sends a resolution only for what it
+    notifies; the SRE review of 2026-12-05, on 0.25)."""
     errors: list[str] = []
     hosts = _input if isinstance(_input, dict) else {}
     if not isinstance(_input, dict):
@@ -601,7 +625,19 @@ def metrics_silences(_input: Any, identity: Any, now: Any, minutes: Any = 60) ->
     models = sorted({m for h in names for m in (hosts[h] or []) if isinstance(m, str) and NAME.match(m)})
     errors += [f"silences: host {shown(h)} cannot go into a matcher" for h in hosts if str(h) not in names]
     if errors or not names:
-        return {"silences": [], "errors": errors}
+        return {"silences": [], "errors": errors, "left_out": []}
+    opened = _open_alerts(open_alerts)
+    left_out, open_models, open_hosts = [], set(), set()
+    for labels in sorted(opened, key=lambda a: sorted(a.items())):
+        name = labels.get("alertname")
+        if name in SILENCED_BY_MODEL + SILENCED_FOR_WINDOW and labels.get("model") in models:
+            open_models.add(labels["model"])
+            left_out.append(f"model {labels['model']} ({name} open)")
+        elif name in SILENCED_BY_HOST and labels.get("host") in names:
+            open_hosts.add(labels["host"])
+            left_out.append(f"host {labels['host']} ({name} open)")
+    models = [m for m in models if m not in open_models]
+    silenced_hosts = [h for h in names if h not in open_hosts]
     assert start is not None
     ends = _iso(start + timedelta(minutes=minutes))
     common = {"startsAt": _iso(start), "endsAt": ends, "createdBy": "d3-fleet",
@@ -612,11 +648,13 @@ def metrics_silences(_input: Any, identity: Any, now: Any, minutes: Any = 60) ->
 
     silences = []
     if models:
-        silences.append({"matchers": [matcher("alertname", _alternatives(SILENCED_BY_MODEL)),
-                                      matcher("model", _alternatives(models))], **common})  # fmt: skip
-    silences.append({"matchers": [matcher("alertname", _alternatives(SILENCED_BY_HOST)),
-                                  matcher("host", _alternatives(names))], **common})  # fmt: skip
-    return {"silences": silences, "errors": []}
+        for alerts in (SILENCED_BY_MODEL, SILENCED_FOR_WINDOW):
+            silences.append({"matchers": [matcher("alertname", _alternatives(alerts)),
+                                          matcher("model", _alternatives(models))], **common})  # fmt: skip
+    if silenced_hosts:
+        silences.append({"matchers": [matcher("alertname", _alternatives(SILENCED_BY_HOST)),
+                                      matcher("host", _alternatives(silenced_hosts))], **common})  # fmt: skip
+    return {"silences": silences, "errors": [], "left_out": sorted(set(left_out))}
 
 
 def metrics_silence_targets(_input: Any, default: Any = "127.0.0.1:9093") -> dict[str, Any]:
@@ -690,7 +728,8 @@ def metrics_silences_end(_input: Any, identity: Any, now: Any, intervals: Any) -
     notified at once, and a replica given back a second before is still firing there until Prometheus has scraped
     the router and evaluated the rule: the lab's rollout under load paged so, 2026-12-05), but posted again with
     their id and an ``endsAt`` a settle time from ``now``: twice the monitor's scrape plus evaluation interval, by
-    which the given-back servers' resolutions have reached Alertmanager. What still fires then pages: a fault the
+    which the given-back servers' resolutions have reached Alertmanager (the error-ratio silence ERRORS_WINDOW later:
+    the ratio's window still holds the restart's 503s until then). What still fires then pages: a fault the
     planned work left. Alertmanager updates an active silence in place when only its ``endsAt`` changes and is not in
     the past (silence/silence.go ``canUpdate``, tests/contracts/alertmanager/api-v2-silences.yml). The settle time
     counts from the monitor's own clock (the Date header of its silences answer; ``now`` only where it sent none): a
@@ -716,8 +755,11 @@ def metrics_silences_end(_input: Any, identity: Any, now: Any, intervals: Any) -
                           "Prometheus durations: this run's silences there are left to expire by themselves")  # fmt: skip
             continue
         settle[monitor] = 2 * (seconds(pair[0]) + seconds(pair[1]))
-        end = (clock or start) + timedelta(seconds=settle[monitor])
         for silence in silences:
+            matchers = silence.get("matchers") if isinstance(silence.get("matchers"), list) else []
+            window = any(isinstance(m, dict) and m.get("name") == "alertname" and m.get("value") == _alternatives(SILENCED_FOR_WINDOW)
+                         for m in matchers)  # fmt: skip
+            end = (clock or start) + timedelta(seconds=settle[monitor] + (seconds(ERRORS_WINDOW) if window else 0))
             until = _when(silence.get("endsAt"))
             if until is not None and until <= end:
                 continue  # it ends sooner by itself

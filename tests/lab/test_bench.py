@@ -376,14 +376,18 @@ def test_seeded_accuracy_regression_and_ten_percent_latency_flagged_with_five_ru
     seeded = {str(c["id"]) for c in suite["cases"] if any(w in str(c["state"]["ticket"]) for w in words)}
     print(f"\nseeded cases {sorted(seeded)}: right->wrong {acc['right_to_wrong']}, wrong->right {acc['wrong_to_right']}, "
           f"exact McNemar p {acc['p']:.4f}, adjusted {acc['adjusted_p']:.4f} ({result['method']}, {result['tests']} tests); "
-          f"q4 x{row['latency']['q4']['ratio']:.3f} {[round(x, 3) for x in row['latency']['q4']['interval']]} adjusted p "
+          f"q4 x{row['latency']['q4']['ratio']:.3f} {[round(x, 3) for x in row['latency']['q4'].get('interval') or []]} "
+          f"({row['latency']['q4']['test']}) adjusted p "
           f"{row['latency']['q4']['adjusted_p']:.2g} (attempt {attempt}); run medians "
           f"{[r['p50'] for r in old['latency']['q4']['runs']]} -> {[r['p50'] for r in new['latency']['q4']['runs']]}; "
           f"{time.monotonic() - start:.1f} s")
     assert must <= set(acc["right_to_wrong"]) and {f.split("/")[0] for f in acc["right_to_wrong"] + acc["wrong_to_right"]} <= seeded
     assert acc["changed"], acc
     d = row["latency"]["q4"]
-    assert d["runs"] == [5, 5] and d["changed"] and d["interval"][0] > 1.0, d
+    # Welch's interval on the log run figures; when every run of a side measured the same (the stand-in's exact
+    # latencies, on a quiet machine: seen 2026-12-05) bench-compare takes the exact permutation test, which gives none
+    assert d["runs"] == [5, 5] and d["changed"] and d["ratio"] > 1.0, d
+    assert d["interval"][0] > 1.0 if "interval" in d else d["test"] == "exact permutation on log run figures", d
 
 
 def seeded_comparison(suite: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, Any], dict[str, Any]]:

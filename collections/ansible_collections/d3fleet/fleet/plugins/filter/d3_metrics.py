@@ -68,7 +68,15 @@ VLLM_READ = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_
              "vllm:request_queue_time_seconds_bucket", "vllm:request_success_total")  # fmt: skip
 # what a planned restart legitimately trips before its instances are back (the silences of d3_metrics_silences):
 # never D3InstanceDown, which waits out the catalog's cold start and so pages a restart that overruns it
-NODE_DOWN = '(up{job="d3-node"} == 0)'  # a host whose node exporter does not answer: D3HostDown's
+
+
+def node_down(host_down_for: str) -> str:
+    """A host whose node exporter failed more than half its scrapes over D3HostDown's ``for:`` (D3HostDown's page,
+    coming): the host's other down alerts are held while it holds. Not one failed scrape: a node exporter that misses
+    one now and then (a timeout while the host loads weights) would reset a down instance's ``for:`` forever (the SRE
+    review of 2026-12-05, promtool: a down d3-27b never paged)."""
+    return f'(avg_over_time(up{{job="d3-node"}}[{host_down_for}]) < 0.5)'
+
 SILENCED_BY_MODEL = ("D3ModelReplicasMissing", "D3RouterQueue", "D3RequestsWaiting")
 SILENCED_BY_HOST = ("D3InstanceDigestDrift",)
 # the router's 5xx ratio over ERRORS_WINDOW: a model restarted with no replica left to serve (one replica, or
@@ -401,6 +409,7 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
     xid = ("{{ if $labels.xid }}{{ $labels.xid }}, {{ $value }} kernel log line(s) since the last acknowledgement"
            "{{ else }}{{ $value }} (dcgm-exporter's last Xid){{ end }}")
     dcgm_crit = " or ".join(f'DCGM_FI_DEV_XID_ERRORS{{job="d3-dcgm"}} == {x}' for x in XID_CRITICAL)
+    held = node_down(opts["host_down_for"])
     rules = [
         _alert("Watchdog", "vector(1)", "0m", "none",
                "Always firing: the dead-man's switch. Its receiver alarms when it stops arriving.", book),
@@ -410,9 +419,9 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
         # failed first would fire (and notify) before the inhibition's source exists (the lab's router stopped paged
         # D3RouterDown beside D3HostDown, 2026-12-05); `unless` resets them once the host's node exporter is down too
         # (D3InstanceDown too, below: a model on the 1m floor waits as long as D3HostDown)
-        _alert("D3RouterDown", f'up{{job="d3-router"}} == 0 unless on (host) {NODE_DOWN}', opts["host_down_for"], "critical",
+        _alert("D3RouterDown", f'up{{job="d3-router"}} == 0 unless on (host) {held}', opts["host_down_for"], "critical",
                "router {{ $labels.host }}: HAProxy's exporter does not answer", book),
-        _alert("D3TargetDown", f'up{{job=~"d3-prometheus|d3-alertmanager|d3-dcgm"}} == 0 unless on (host) {NODE_DOWN}',
+        _alert("D3TargetDown", f'up{{job=~"d3-prometheus|d3-alertmanager|d3-dcgm"}} == 0 unless on (host) {held}',
                opts["host_down_for"], "critical", "{{ $labels.job }} on {{ $labels.host }} does not answer", book),
         _alert("D3KvCacheHigh",
                f'max by (host, instance, name, model) (vllm:kv_cache_usage_perc{{job="d3-vllm"}}) > {opts["kv_cache_ratio"]}',
@@ -424,7 +433,13 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
         _alert("D3EngineStalled",
                f'(min_over_time(vllm:num_requests_running{{job="d3-vllm"}}[{stall}]) > 0 '
                f'or min_over_time(vllm:num_requests_waiting{{job="d3-vllm"}}[{stall}]) > 0) '
-               f'unless on (host, instance) increase(vllm:request_success_total{{job="d3-vllm"}}[{stall}]) > 0',
+               f'unless on (host, instance) increase(vllm:request_success_total{{job="d3-vllm"}}[{stall}]) > 0 '
+               # answering /metrics at every scrape of the whole window (a wedged engine's API server still does):
+               # one whose scrape fails with requests running (killed, frozen, restarting) is D3InstanceDown's, and
+               # its last sample alone would otherwise look like a window of held requests (the lab's frozen instance
+               # paged so, 2026-12-05)
+               f'and on (host, instance) min_over_time(up{{job="d3-vllm"}}[{stall}]) == 1 '
+               f'and on (host, instance) (up{{job="d3-vllm"}} offset {stall}) == 1',
                "0m", "critical", f"{where}: requests held for {stall} and none finished (a wedged engine)", book),
         _alert("D3RequestsWaiting",
                f'max by (host, instance, name, model) (vllm:num_requests_waiting{{job="d3-vllm"}}) > {opts["waiting_max"]}',
@@ -478,7 +493,7 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
         served, backend, servers = model["served"], model["backend"], model["servers"]
         bound = max(floor, cold_start_s(servers, opts["cold_start_s_per_gb"]) * opts["cold_start_margin"])
         rules.append(_alert(
-            "D3InstanceDown", f'up{{job="d3-vllm", model="{served}"}} == 0 unless on (host) {NODE_DOWN}', _duration(bound), "critical",
+            "D3InstanceDown", f'up{{job="d3-vllm", model="{served}"}} == 0 unless on (host) {held}', _duration(bound), "critical",
             f"{where} has not answered /metrics for {_duration(bound)} (its expected cold start, doubled)", book,
             model=served))  # fmt: skip
         rules.append(_alert(
@@ -584,15 +599,14 @@ def _iso(when: datetime) -> str:
 
 
 def _open_alerts(results: Any) -> list[dict[str, Any]]:
-    """The labels of the alerts Alertmanager notifies now (state ``active``: neither silenced nor inhibited), from a
-    uri loop's results of GET /api/v2/alerts (``json`` each monitor's answer)."""
+    """The labels of every alert Alertmanager holds unresolved (GET /api/v2/alerts lists no resolved one), whatever its
+    state: notified (active), about to be (within group_wait), or held back by an inhibition or someone's silence
+    after it was notified. From a uri loop's results (``json`` each monitor's answer)."""
     found = []
     for result in results if isinstance(results, list) else []:
         answer = result.get("json") if isinstance(result, dict) else None
         for alert in answer if isinstance(answer, list) else []:
-            alert = alert if isinstance(alert, dict) else {}
-            status = alert.get("status") if isinstance(alert.get("status"), dict) else {}
-            if status.get("state") == "active" and isinstance(alert.get("labels"), dict):
+            if isinstance(alert, dict) and isinstance(alert.get("labels"), dict):
                 found.append(alert["labels"])
     return found
 
@@ -605,10 +619,10 @@ def metrics_silences(_input: Any, identity: Any, now: Any, minutes: Any = 60, op
     themselves if the run dies). Returns ``{silences: [postableSilence...], errors}``: one on the models' replica,
     router-queue and waiting alerts, one on their router error ratios (ended later: ERRORS_WINDOW), one on the
     hosts' digest drift. D3InstanceDown is never silenced: it waits out each model's cold start, so a restart that
-    overruns it pages. ``open_alerts``: the uri loop's results of GET /api/v2/alerts on the monitors: a model (or host)
-    with one of these alerts already notified and open is left out of the silences and named in ``left_out`` (a
-    silence would hold back that incident's resolution for good: Alertmanager sends a resolution only for what it
-    notifies; the SRE review of 2026-12-05, on 0.25)."""
+    overruns it pages. One silence per alert name. ``open_alerts``: the uri loop's results of GET /api/v2/alerts on
+    the monitors: an alert already open there leaves its pair (alert name and model, or host) out of the silences,
+    named in ``left_out`` (a silence would hold back that incident's resolution for good: Alertmanager sends a
+    resolution only for what it notifies, and mutes both under a silence; the SRE reviews of 2026-12-05, on 0.25)."""
     errors: list[str] = []
     hosts = _input if isinstance(_input, dict) else {}
     if not isinstance(_input, dict):
@@ -626,18 +640,10 @@ def metrics_silences(_input: Any, identity: Any, now: Any, minutes: Any = 60, op
     errors += [f"silences: host {shown(h)} cannot go into a matcher" for h in hosts if str(h) not in names]
     if errors or not names:
         return {"silences": [], "errors": errors, "left_out": []}
-    opened = _open_alerts(open_alerts)
-    left_out, open_models, open_hosts = [], set(), set()
-    for labels in sorted(opened, key=lambda a: sorted(a.items())):
-        name = labels.get("alertname")
-        if name in SILENCED_BY_MODEL + SILENCED_FOR_WINDOW and labels.get("model") in models:
-            open_models.add(labels["model"])
-            left_out.append(f"model {labels['model']} ({name} open)")
-        elif name in SILENCED_BY_HOST and labels.get("host") in names:
-            open_hosts.add(labels["host"])
-            left_out.append(f"host {labels['host']} ({name} open)")
-    models = [m for m in models if m not in open_models]
-    silenced_hosts = [h for h in names if h not in open_hosts]
+    opened = {(a.get("alertname"), a.get("model"), a.get("host")) for a in _open_alerts(open_alerts)}
+    by_model = SILENCED_BY_MODEL + SILENCED_FOR_WINDOW
+    left_out = sorted({f"{name} of {model}" for name, model, _ in opened if name in by_model and model in models}
+                      | {f"{name} of {host}" for name, _, host in opened if name in SILENCED_BY_HOST and host in names})  # fmt: skip
     assert start is not None
     ends = _iso(start + timedelta(minutes=minutes))
     common = {"startsAt": _iso(start), "endsAt": ends, "createdBy": "d3-fleet",
@@ -647,14 +653,12 @@ def metrics_silences(_input: Any, identity: Any, now: Any, minutes: Any = 60, op
         return {"name": name, "value": value, "isRegex": True, "isEqual": True}
 
     silences = []
-    if models:
-        for alerts in (SILENCED_BY_MODEL, SILENCED_FOR_WINDOW):
-            silences.append({"matchers": [matcher("alertname", _alternatives(alerts)),
-                                          matcher("model", _alternatives(models))], **common})  # fmt: skip
-    if silenced_hosts:
-        silences.append({"matchers": [matcher("alertname", _alternatives(SILENCED_BY_HOST)),
-                                      matcher("host", _alternatives(silenced_hosts))], **common})  # fmt: skip
-    return {"silences": silences, "errors": [], "left_out": sorted(set(left_out))}
+    for names_of, label, alerts in ((models, "model", by_model), (names, "host", SILENCED_BY_HOST)):
+        for alert in alerts:
+            kept = [v for v in names_of if f"{alert} of {v}" not in left_out]
+            if kept:
+                silences.append({"matchers": [matcher("alertname", _alternatives([alert])), matcher(label, _alternatives(kept))], **common})
+    return {"silences": silences, "errors": [], "left_out": left_out}
 
 
 def metrics_silence_targets(_input: Any, default: Any = "127.0.0.1:9093") -> dict[str, Any]:

@@ -265,10 +265,12 @@ def endpoint_urls(models: dict[str, Any], names: list[str]) -> dict[str, str]:
 class KeepAliveClients:
     """N closed-loop clients, each on its own keep-alive connection (http.client): each sends the next decision as soon
     as the last is answered, so N requests are always in flight. Every result is kept: (client, model, sent at
-    (monotonic), seconds, HTTP status or the error)."""
+    (monotonic), seconds, HTTP status or the error). ``pace``: each client sends at most one request per ``pace``
+    seconds (against fast answers, 32 unpaced clients sent about 400 a second and slowed every Ansible task of the
+    rollout beside them about threefold on this 2-core machine: drill 8's failover run, 2026-12-05)."""
 
-    def __init__(self, urls: dict[str, str], clients: int = 32, timeout: float = 120.0) -> None:
-        self.urls, self.clients, self.timeout = urls, clients, timeout
+    def __init__(self, urls: dict[str, str], clients: int = 32, timeout: float = 120.0, pace: float = 0.0) -> None:
+        self.urls, self.clients, self.timeout, self.pace = urls, clients, timeout, pace
         self.models = sorted(urls)
         self.results: list[tuple[int, str, float, float, Any]] = []
         self.connections = 0
@@ -302,6 +304,8 @@ class KeepAliveClients:
                 conn = None
             with self.lock:
                 self.results.append((number, model, sent, time.monotonic() - sent, status))
+            if self.pace:
+                self.stop.wait(max(0.0, sent + self.pace - time.monotonic()))  # ends at once when the clients stop
         if conn is not None:
             conn.close()
 

@@ -337,6 +337,11 @@ def test_thresholds_come_from_the_inventory(fleet: dict[str, Any]) -> None:
     assert "older than 45 minutes" in rules["D3RolloutStale"]["annotations"]["summary"]
     assert " > 0.1 and " in rules["D3RouterErrors"]["expr"] and ") > 0.5, " in rules["D3RouterErrors"]["expr"]
     assert rules["D3EngineStalled"]["expr"].count("[2m]") == 4 and rules["D3EngineStalled"]["expr"].endswith(" offset 2m) == 1")
+    # the host-down hold: D3HostDown's for:, at least three scrape intervals (the lab's 10 s at a 5 s scrape: 15 s)
+    lab = {r["alert"]: r for r in metrics_rules([], {"host_down_for": "10s", "scrape_interval": "5s"})["rules"]["groups"][0]["rules"]
+           if "alert" in r}  # fmt: skip
+    assert lab["D3RouterDown"]["expr"].endswith('unless on (host) (avg_over_time(up{job="d3-node"}[15s]) < 0.5)')
+    assert rules["D3RouterDown"]["expr"].endswith('(avg_over_time(up{job="d3-node"}[2m]) < 0.5)')
     assert rules["D3RequestsWaiting"]["expr"].endswith(" > 4") and rules["D3RequestsWaiting"]["for"] == "4m"
     assert rules["D3RouterQueue"]["for"] == "4m"
     assert " > 40 or " in rules["D3TextfileStale"]["expr"]

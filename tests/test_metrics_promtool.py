@@ -193,6 +193,13 @@ def cases(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    series("up", MINI_A, "_x10 1x20"), series("vllm:num_requests_running", MINI_A, "_x10 2x20"),
                    series("vllm:request_success_total", {**MINI_A, "finished_reason": "stop"}, "_x10 0x20")],
                   [("90s", "D3EngineStalled", []), ("3m", "D3EngineStalled", []), ("6m", "D3EngineStalled", [])]),
+        # a wedged engine whose /metrics misses one scrape stays firing (no resolution and second page; the third
+        # review: `up == 1` resolved it for that evaluation)
+        test_case("a wedged engine whose /metrics misses one scrape", "15s",
+                  [series("up", FLASH_A, "1x30 0 1x30"), series("vllm:num_requests_running", FLASH_A, "2x30 stale 2x30"),
+                   series("vllm:num_requests_waiting", FLASH_A, "0x30 stale 0x30"),
+                   series("vllm:request_success_total", {**FLASH_A, "finished_reason": "stop"}, "7x30 stale 7x30")],
+                  [(at, "D3EngineStalled", [exp(r, "D3EngineStalled", FLASH_A)]) for at in ("7m15s", "7m30s", "7m45s", "8m")]),
         test_case("requests waiting in vLLM for 5m", "1m",
                   [series("vllm:num_requests_waiting", FLASH_A, "0 3x10"), series("vllm:num_requests_waiting", MINI_A, "0x11")],
                   [("4m", "D3RequestsWaiting", []), ("7m", "D3RequestsWaiting", [exp(r, "D3RequestsWaiting",

@@ -70,12 +70,14 @@ VLLM_READ = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_
 # never D3InstanceDown, which waits out the catalog's cold start and so pages a restart that overruns it
 
 
-def node_down(host_down_for: str) -> str:
-    """A host whose node exporter failed more than half its scrapes over D3HostDown's ``for:`` (D3HostDown's page,
-    coming): the host's other down alerts are held while it holds. Not one failed scrape: a node exporter that misses
-    one now and then (a timeout while the host loads weights) would reset a down instance's ``for:`` forever (the SRE
-    review of 2026-12-05, promtool: a down d3-27b never paged)."""
-    return f'(avg_over_time(up{{job="d3-node"}}[{host_down_for}]) < 0.5)'
+def node_down(host_down_for: str, scrape_interval: str) -> str:
+    """A host whose node exporter failed more than half its scrapes over D3HostDown's ``for:``, at least three scrape
+    intervals (D3HostDown's page, coming): the host's other down alerts are held while it holds. Not one failed scrape:
+    a node exporter that misses one now and then (a timeout while the host loads weights) would reset a down
+    instance's ``for:`` forever (the SRE review of 2026-12-05, promtool: a down d3-27b never paged); and not a window
+    of two samples (the lab's 10 s at a 5 s scrape), where one miss can be all the window holds (the third review)."""
+    window = _duration(max(seconds(host_down_for), 3 * seconds(scrape_interval)))
+    return f'(avg_over_time(up{{job="d3-node"}}[{window}]) < 0.5)'
 
 SILENCED_BY_MODEL = ("D3ModelReplicasMissing", "D3RouterQueue", "D3RequestsWaiting")
 SILENCED_BY_HOST = ("D3InstanceDigestDrift",)
@@ -409,7 +411,7 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
     xid = ("{{ if $labels.xid }}{{ $labels.xid }}, {{ $value }} kernel log line(s) since the last acknowledgement"
            "{{ else }}{{ $value }} (dcgm-exporter's last Xid){{ end }}")
     dcgm_crit = " or ".join(f'DCGM_FI_DEV_XID_ERRORS{{job="d3-dcgm"}} == {x}' for x in XID_CRITICAL)
-    held = node_down(opts["host_down_for"])
+    held = node_down(opts["host_down_for"], opts["scrape_interval"])
     rules = [
         _alert("Watchdog", "vector(1)", "0m", "none",
                "Always firing: the dead-man's switch. Its receiver alarms when it stops arriving.", book),
@@ -434,11 +436,12 @@ def metrics_rules(_input: Any, options: Any = None) -> dict[str, Any]:
                f'(min_over_time(vllm:num_requests_running{{job="d3-vllm"}}[{stall}]) > 0 '
                f'or min_over_time(vllm:num_requests_waiting{{job="d3-vllm"}}[{stall}]) > 0) '
                f'unless on (host, instance) increase(vllm:request_success_total{{job="d3-vllm"}}[{stall}]) > 0 '
-               # answering /metrics at every scrape of the whole window (a wedged engine's API server still does):
-               # one whose scrape fails with requests running (killed, frozen, restarting) is D3InstanceDown's, and
-               # its last sample alone would otherwise look like a window of held requests (the lab's frozen instance
-               # paged so, 2026-12-05)
-               f'and on (host, instance) min_over_time(up{{job="d3-vllm"}}[{stall}]) == 1 '
+               # answering /metrics at most of the window's scrapes and at its start (a wedged engine's API server
+               # still does): one whose scrape fails with requests running (killed, frozen, restarting) is
+               # D3InstanceDown's, and its last sample alone would otherwise look like a window of held requests (the
+               # lab's frozen instance paged so, 2026-12-05); not every scrape, nor the last one, or one missed
+               # scrape would resolve a wedged engine's alert and page it again (the third review)
+               f'and on (host, instance) avg_over_time(up{{job="d3-vllm"}}[{stall}]) > 0.5 '
                f'and on (host, instance) (up{{job="d3-vllm"}} offset {stall}) == 1',
                "0m", "critical", f"{where}: requests held for {stall} and none finished (a wedged engine)", book),
         _alert("D3RequestsWaiting",
@@ -761,7 +764,7 @@ def metrics_silences_end(_input: Any, identity: Any, now: Any, intervals: Any) -
         settle[monitor] = 2 * (seconds(pair[0]) + seconds(pair[1]))
         for silence in silences:
             matchers = silence.get("matchers") if isinstance(silence.get("matchers"), list) else []
-            window = any(isinstance(m, dict) and m.get("name") == "alertname" and m.get("value") == _alternatives(SILENCED_FOR_WINDOW)
+            window = any(isinstance(m, dict) and m.get("name") == "alertname" and m.get("value") in SILENCED_FOR_WINDOW
                          for m in matchers)  # fmt: skip
             end = (clock or start) + timedelta(seconds=settle[monitor] + (seconds(ERRORS_WINDOW) if window else 0))
             until = _when(silence.get("endsAt"))

@@ -584,11 +584,12 @@ def test_the_settle_time_counts_from_the_monitor_s_clock() -> None:
     would post an endsAt Alertmanager refuses (400, the SRE review's exp_skew.py on 0.25); 50 s behind, a 60 s
     settle would shrink to 10 s. An answer without a Date header (or a bad one) falls back to the run's time."""
     spans = {"mon-1": ["15s", "15s"]}
-    ahead = [{"item": "mon-1", "json": [LISTED], "date": "Sat, 05 Dec 2026 06:01:10 GMT"}]
+    date = yaml.safe_load((ROOT / "tests/contracts/alertmanager/api-v2-silences.yml").read_text())["date_header"]  # as uri names it
+    ahead = [{"item": "mon-1", "json": [LISTED], date: "Sat, 05 Dec 2026 06:01:10 GMT"}]
     out = metrics_silences_end(ahead, "run 7", "2026-12-05T06:00:00Z", spans)
     assert [s["endsAt"] for _, s in out["silences"]] == ["2026-12-05T06:02:10.000Z"]
     for bad in ("yesterday", "Sat, 05 Dec 2026 06:01:10", "", None, 5):
-        out = metrics_silences_end([{**ahead[0], "date": bad}], "run 7", "2026-12-05T06:00:00Z", spans)
+        out = metrics_silences_end([{**ahead[0], date: bad}], "run 7", "2026-12-05T06:00:00Z", spans)
         assert [s["endsAt"] for _, s in out["silences"]] == ["2026-12-05T06:01:00.000Z"], bad
 
 

@@ -164,7 +164,7 @@ TEST_LAB_HOSTS ?= 3
 # beside lint, the standalone lab tests and molecule (each waits more than it computes; molecule uses its own
 # d3-mol-* hosts and ports).
 test: venv
-	rm -f $(TIMING) $(BUILD)/junit-*.xml $(CONVERGED)
+	rm -f $(TIMING) $(BUILD)/junit-*.xml
 	$(MAKE) -j2 --output-sync=target test-unit test-lab-up
 	$(MAKE) -j2 --output-sync=target test-lab-fleet test-beside
 
@@ -172,22 +172,15 @@ test: venv
 test-unit: venv
 	$(call timed,unit,$(MAKE) -j1 unit)
 
-# the fleet's tests touch $(CONVERGED) once their session converge has run (tests/lab/conftest.py, D3_LAB_CONVERGED)
-CONVERGED := $(BUILD)/lab-fleet-converged
-test-lab-fleet: export D3_LAB_CONVERGED = $(abspath $(CONVERGED))
 test-lab-fleet: venv
 	$(call timed,lab-fleet,$(MAKE) -j1 lab-tests-fleet)
 
 # every part runs even when one before it failed; the first failure is the status. lint and molecule (every process
 # they start, molecule's hosts included) run at nice 10 ($(LOW)): the fleet's tests, the longest part, get most of the
-# CPU when both want it; the standalone lab tests keep the normal priority (some time real requests). After lint,
-# the lane waits (part `wait`) until the fleet's session converge has run (or the fleet's tests ended, or 20 min):
-# the converge uses both cores, and took 254 s beside lab-alone and molecule against 160 s alone (docs/testing.md).
+# CPU when both want it; the standalone lab tests keep the normal priority (some time real requests).
 test-beside: venv
 	rc=0; \
 	( $(call timed,lint,$(LOW) $(MAKE) -j1 lint) ) || rc=$$?; \
-	( $(call timed,wait,end=$$(( $$(date +%s) + 1200 )); \
-	  while [ ! -e $(CONVERGED) ] && ! grep -qs '^lab-fleet' $(TIMING) && [ $$(date +%s) -lt $$end ]; do sleep 2; done) ); \
 	( $(call timed,lab-alone,$(MAKE) -j1 lab-tests-standalone) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
 	( $(call timed,molecule,$(LOW) $(MAKE) -j1 molecule-run) ) || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
 	exit $$rc

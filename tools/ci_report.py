@@ -41,8 +41,7 @@ def mmss(seconds: float) -> str:
 
 def report(build: Path, count: int) -> str:
     rows = parts(build / "timing.tsv")
-    phases = "unit beside lab + ee; then lab-fleet beside lint, a wait for its converge, lab-alone, molecule"
-    out = ["", f"== make test: wall time by part ({phases}) =="]
+    out = ["", "== make test: wall time by part (unit beside lab + ee; then lab-fleet beside lint, lab-alone, molecule) =="]
     if not rows:
         out.append(f"(no {build / 'timing.tsv'}: make test did not start)")
     for name, seconds, status in rows:

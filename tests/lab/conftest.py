@@ -8,10 +8,8 @@ change; test_rollout moves the fleet to other image tags, so its module runs las
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
 import labkit
 import pytest
@@ -66,13 +64,7 @@ def converge_run(host_names: list[str]) -> Run:
     """ONE site.yml converge of the whole lab fleet (on the default tag, nightly) per session, shared by every test
     that needs a converged fleet; those tests restore what they change."""
     assert len(host_names) >= 2, "the lab needs at least 2 hosts (make lab)"
-    try:  # the routers and the monitors too
-        run = labkit.run_playbook("site.yml", limit=f"{labkit.LAB_GROUP}:{labkit.ROUTER_GROUP}:d3-monitors")
-    finally:
-        # make test's other lane waits for this file before its CPU-heavy parts: the converge, the suite's busiest
-        # stretch (both cores), runs alone (the Makefile's test-beside; docs/testing.md)
-        if os.environ.get("D3_LAB_CONVERGED"):
-            Path(os.environ["D3_LAB_CONVERGED"]).touch()
+    run = labkit.run_playbook("site.yml", limit=f"{labkit.LAB_GROUP}:{labkit.ROUTER_GROUP}:d3-monitors")  # the routers and the monitors too
     assert run.status == "successful", run.failure_text()
     return run
 

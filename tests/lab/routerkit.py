@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -137,7 +138,10 @@ class StatSampler:
         script = (f"while :; do t=$(cut -d' ' -f1 /proc/uptime); echo 'show stat' | socat stdio {SOCKET} | "
                   f"awk -F, -v t=$t '$1 == \"{backend}\" && $2 != \"BACKEND\" {{ print t \",\" $2 \",\" $8 \",\" $18 }}'; "
                   "sleep 0.25; done")  # fmt: skip
-        self.proc = subprocess.Popen(["podman", "exec", ROUTER, "timeout", str(int(timeout)), "sh", "-c", script],
+        # the loop's name on the router ($0 of its shell): ended there by __exit__ (ending the podman exec here does
+        # not end it: it went on sampling, 4 processes a second, to its timeout, through the tests after it)
+        self.tag = f"d3-stat-sampler-{uuid.uuid4().hex[:12]}"
+        self.proc = subprocess.Popen(["podman", "exec", ROUTER, "timeout", str(int(timeout)), "sh", "-c", script, self.tag],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
         self.samples: list[tuple[float, str, int, str]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -153,6 +157,8 @@ class StatSampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # [r]: the pattern does not match the command line of the shell that runs pkill
+        labkit.on_host(ROUTER, f"pkill -f -- '{self.tag[:-1]}[{self.tag[-1]}]' || true", check=False)
         self.proc.terminate()
         self.proc.wait(timeout=30)
         self.reader.join(timeout=30)

@@ -1,0 +1,185 @@
+"""keepalived's check of a router (roles/d3_router/files/d3-router-check), run as keepalived runs it (the script with
+its URL and a timeout of 2 s; its shebang's -IS) against local servers: 0 for HAProxy's 200 and 503 of /health, 1 for
+any other status, a closed port, a server that never answers within the timeout, an answer that is not HTTP, and a
+URL that is not http(s). Its answers against real HAProxy 2.6 and 3.0 are the loopback contract's
+(tests/contracts/haproxy/loopback/health_frontend.py)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from local_http import QuietHandler, serve
+
+CHECK = Path(__file__).resolve().parents[1] / "roles/d3_router/files/d3-router-check"
+
+
+def check(url: str, timeout: str = "2") -> int:
+    """The check's exit status; it says nothing (keepalived logs only the status), whatever it met."""
+    flags = CHECK.read_text().splitlines()[0].split()[1:]  # the shebang's: what keepalived's exec runs it with
+    proc = subprocess.run([sys.executable, *flags, str(CHECK), url, timeout], capture_output=True, text=True, timeout=10, check=False)
+    assert proc.stdout == proc.stderr == "", proc.stderr
+    return proc.returncode
+
+
+class Health(QuietHandler):
+    """Answers ``status`` and records each request's path and Host header."""
+
+    status = 200
+    seen: ClassVar[list[tuple[str, str]]] = []
+
+    def answer(self, body: bytes) -> tuple[int, bytes]:
+        self.seen.append((self.path, self.headers.get("Host", "")))
+        return self.status, b"ok"
+
+
+@pytest.mark.parametrize(("status", "code"), [(200, 0), (503, 0), (500, 1), (404, 1), (302, 1)])
+def test_haproxys_own_answers_pass_and_others_fail(status: int, code: int) -> None:
+    Health.status, Health.seen = status, []
+    with serve(Health) as url:
+        assert check(f"{url}/health") == code
+        port = url.rsplit(":", 1)[1]
+    assert Health.seen == [("/health", f"127.0.0.1:{port}")]
+
+
+def test_the_path_defaults_to_the_root_and_keeps_its_query() -> None:
+    Health.status, Health.seen = 200, []
+    with serve(Health) as url:
+        assert check(url) == 0
+        assert check(f"{url}/health?x=1") == 0
+    assert [path for path, _ in Health.seen] == ["/", "/health?x=1"]
+
+
+@contextmanager
+def raw_server(reply: bytes | None) -> Iterator[int]:
+    """A TCP server on a free loopback port that reads the request, then sends ``reply`` and closes (None: sends
+    nothing and holds the connection until the test is done)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            if reply is None:
+                done.wait(60)
+            else:
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(timeout=10)
+        listener.close()
+
+
+@pytest.mark.parametrize("reply", [b"", b"SSH-2.0-OpenSSH_9.2\r\n", b"HTTP/1.1 0200 OK\r\n\r\n", b"HTTP/1.1\r\n\r\n",
+                                   b"hello 200\r\n\r\n"])  # fmt: skip
+def test_an_answer_that_is_not_an_http_status_fails(reply: bytes) -> None:
+    with raw_server(reply) as port:
+        assert check(f"http://127.0.0.1:{port}/health") == 1
+
+
+def test_a_status_line_split_over_two_packets_passes() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.0 5")
+            conn.sendall(b"03 Service Unavailable\r\n\r\n")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert check(f"http://127.0.0.1:{listener.getsockname()[1]}/health") == 0
+    finally:
+        thread.join(timeout=10)
+        listener.close()
+
+
+def test_no_answer_within_the_timeout_fails() -> None:
+    with raw_server(None) as port:
+        assert check(f"http://127.0.0.1:{port}/health", "0.5") == 1
+
+
+def test_a_closed_port_fails() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+    assert check(f"http://127.0.0.1:{port}/health") == 1
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/health", "127.0.0.1:8406/health", "http://:8406/health",
+                                 "http://127.0.0.1:84x6/health", "http://[::1/health", "http://127.0.0.1:-1/health",
+                                 "http://127.0.0.1:0/health", "http://127.0.0.1:65536/health"])  # fmt: skip
+def test_a_url_that_is_not_http_fails(url: str) -> None:
+    assert check(url) == 1
+
+
+def test_the_url_without_a_port_or_a_path() -> None:
+    loader = importlib.machinery.SourceFileLoader("d3_router_check", str(CHECK))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    assert module.target("http://router") == ("http", "router", 80, "/")
+    assert module.target("https://router/health") == ("https", "router", 443, "/health")
+    assert module.target("http://[::1]:8406/health") == ("http", "::1", 8406, "/health")
+    assert module.target("http://[::1]/health") == ("http", "::1", 80, "/health")
+    for bad in ("http://[::1/health", "http://[::1]x/health", "http://[::1]:x/health"):
+        with pytest.raises(ValueError):
+            module.target(bad)
+
+
+def test_an_ipv6_loopback_url_is_asked_at_its_address() -> None:
+    try:
+        listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    got: list[bytes] = []
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            got.append(conn.recv(4096))
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+    try:
+        assert check(f"http://[::1]:{port}/health") == 0
+    finally:
+        thread.join(timeout=10)
+        listener.close()
+    assert got and got[0].startswith(b"GET /health HTTP/1.0\r\n") and f"Host: [::1]:{port}\r\n".encode() in got[0]
+
+
+def test_https_is_asked_without_checking_the_certificate(tmp_path: Path) -> None:
+    """The certificate names the router's public name, not 127.0.0.1: the check over loopback does not verify it."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=router",
+                    "-addext", "subjectAltName=DNS:router", "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    names: list[str | None] = []
+    context.sni_callback = lambda _sock, name, _ctx: names.append(name)
+    Health.status, Health.seen = 503, []
+    with serve(Health, tls=context) as url:
+        assert check(url.replace("http://", "https://") + "/health") == 0
+        assert check(url + "/health") == 1  # plain http to a TLS port: no status line
+        assert check(url.replace("http://127.0.0.1", "https://localhost") + "/health") == 0
+    assert [path for path, _ in Health.seen] == ["/health", "/health"]
+    assert names == [None, "localhost"]  # the server's name when the URL has one (SNI: a router's certificate by name)

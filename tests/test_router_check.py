@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import shutil
 import socket
 import ssl
 import subprocess
@@ -24,10 +25,26 @@ from local_http import QuietHandler, serve
 CHECK = Path(__file__).resolve().parents[1] / "roles/d3_router/files/d3-router-check"
 
 
-def check(url: str, timeout: str = "2") -> int:
+@pytest.fixture(scope="module", autouse=True)
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The check installed as the role does (mode 0755, run through its own shebang: /usr/bin/python3 -IS, the
+    interpreter argument the kernel passes as one word), in a directory of its own: nothing written beside the role's
+    file."""
+    path = tmp_path_factory.mktemp("libexec") / "d3-router-check"
+    shutil.copy(CHECK, path)
+    path.chmod(0o755)
+    INSTALLED.append(path)
+    yield
+    INSTALLED.clear()
+
+
+INSTALLED: list[Path] = []
+
+
+def check(url: str, timeout: str | None = "2", *, limit: float = 10) -> int:
     """The check's exit status; it says nothing (keepalived logs only the status), whatever it met."""
-    flags = CHECK.read_text().splitlines()[0].split()[1:]  # the shebang's: what keepalived's exec runs it with
-    proc = subprocess.run([sys.executable, *flags, str(CHECK), url, timeout], capture_output=True, text=True, timeout=10, check=False)
+    argv = [str(INSTALLED[0]), url] + ([timeout] if timeout is not None else [])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False)
     assert proc.stdout == proc.stderr == "", proc.stderr
     return proc.returncode
 
@@ -130,8 +147,9 @@ def test_a_url_that_is_not_http_fails(url: str) -> None:
     assert check(url) == 1
 
 
-def test_the_url_without_a_port_or_a_path() -> None:
-    loader = importlib.machinery.SourceFileLoader("d3_router_check", str(CHECK))
+def test_the_url_without_a_port_or_a_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ beside the installed copy
+    loader = importlib.machinery.SourceFileLoader("d3_router_check", str(INSTALLED[0]))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     assert module.target("http://router") == ("http", "router", 80, "/")
@@ -183,3 +201,41 @@ def test_https_is_asked_without_checking_the_certificate(tmp_path: Path) -> None
         assert check(url.replace("http://127.0.0.1", "https://localhost") + "/health") == 0
     assert [path for path, _ in Health.seen] == ["/health", "/health"]
     assert names == [None, "localhost"]  # the server's name when the URL has one (SNI: a router's certificate by name)
+
+
+def test_a_server_that_dribbles_is_given_up_at_the_timeout_in_all() -> None:
+    """One byte every 0.3 s and never a line end: each read gets an answer within its own timeout, so only one
+    deadline for the whole check ends it (keepalived kills a check after its own 3 s: a timed-out line in its log)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            while not done.wait(0.3):
+                try:
+                    conn.sendall(b"H")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert check(f"http://127.0.0.1:{listener.getsockname()[1]}/health", "1", limit=5) == 1
+    finally:
+        done.set()
+        thread.join(timeout=10)
+        listener.close()
+
+
+@pytest.mark.parametrize(("timeout", "code"), [("x", 1), ("", 1), ("nan", 1), ("inf", 0), ("1e300", 0)])
+def test_a_bad_timeout_fails_quietly_and_a_huge_one_is_capped(timeout: str, code: int) -> None:
+    Health.status = 200
+    with serve(Health) as url:
+        assert check(f"{url}/health", timeout) == code
+
+
+def test_no_url_fails_quietly() -> None:
+    proc = subprocess.run([str(INSTALLED[0])], capture_output=True, text=True, timeout=10, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "")

@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
@@ -78,20 +78,16 @@ def test_the_path_defaults_to_the_root_and_keeps_its_query() -> None:
 
 
 @contextmanager
-def raw_server(reply: bytes | None) -> Iterator[int]:
-    """A TCP server on a free loopback port that reads the request, then sends ``reply`` and closes (None: sends
-    nothing and holds the connection until the test is done)."""
-    listener = socket.create_server(("127.0.0.1", 0))
+def raw_server(talk: Callable[[socket.socket, threading.Event], None], host: str = "127.0.0.1") -> Iterator[int]:
+    """A TCP server on a free port of ``host`` for one connection: it reads the request, then ``talk(conn, done)``
+    answers (``done`` is set when the test is over); yields the port."""
+    listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     done = threading.Event()
 
     def run() -> None:
         conn, _ = listener.accept()
         with conn:
-            conn.recv(4096)
-            if reply is None:
-                done.wait(60)
-            else:
-                conn.sendall(reply)
+            talk(conn, done)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -103,34 +99,37 @@ def raw_server(reply: bytes | None) -> Iterator[int]:
         listener.close()
 
 
+def replying(reply: bytes) -> Callable[[socket.socket, threading.Event], None]:
+    def talk(conn: socket.socket, _done: threading.Event) -> None:
+        conn.recv(4096)
+        conn.sendall(reply)
+
+    return talk
+
+
 @pytest.mark.parametrize("reply", [b"", b"SSH-2.0-OpenSSH_9.2\r\n", b"HTTP/1.1 0200 OK\r\n\r\n", b"HTTP/1.1\r\n\r\n",
                                    b"hello 200\r\n\r\n"])  # fmt: skip
 def test_an_answer_that_is_not_an_http_status_fails(reply: bytes) -> None:
-    with raw_server(reply) as port:
+    with raw_server(replying(reply)) as port:
         assert check(f"http://127.0.0.1:{port}/health") == 1
 
 
 def test_a_status_line_split_over_two_packets_passes() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
+    def talk(conn: socket.socket, _done: threading.Event) -> None:
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.0 5")
+        conn.sendall(b"03 Service Unavailable\r\n\r\n")
 
-    def run() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(4096)
-            conn.sendall(b"HTTP/1.0 5")
-            conn.sendall(b"03 Service Unavailable\r\n\r\n")
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        assert check(f"http://127.0.0.1:{listener.getsockname()[1]}/health") == 0
-    finally:
-        thread.join(timeout=10)
-        listener.close()
+    with raw_server(talk) as port:
+        assert check(f"http://127.0.0.1:{port}/health") == 0
 
 
 def test_no_answer_within_the_timeout_fails() -> None:
-    with raw_server(None) as port:
+    def silent(conn: socket.socket, done: threading.Event) -> None:
+        conn.recv(4096)
+        done.wait(60)
+
+    with raw_server(silent) as port:
         assert check(f"http://127.0.0.1:{port}/health", "0.5") == 1
 
 
@@ -162,26 +161,18 @@ def test_the_url_without_a_port_or_a_path(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_an_ipv6_loopback_url_is_asked_at_its_address() -> None:
-    try:
-        listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
-    except OSError:
-        pytest.skip("no IPv6 loopback here")
     got: list[bytes] = []
 
-    def run() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            got.append(conn.recv(4096))
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    def talk(conn: socket.socket, _done: threading.Event) -> None:
+        got.append(conn.recv(4096))
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    port = listener.getsockname()[1]
     try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with raw_server(talk, "::1") as port:
         assert check(f"http://[::1]:{port}/health") == 0
-    finally:
-        thread.join(timeout=10)
-        listener.close()
     assert got and got[0].startswith(b"GET /health HTTP/1.0\r\n") and f"Host: [::1]:{port}\r\n".encode() in got[0]
 
 
@@ -206,27 +197,17 @@ def test_https_is_asked_without_checking_the_certificate(tmp_path: Path) -> None
 def test_a_server_that_dribbles_is_given_up_at_the_timeout_in_all() -> None:
     """One byte every 0.3 s and never a line end: each read gets an answer within its own timeout, so only one
     deadline for the whole check ends it (keepalived kills a check after its own 3 s: a timed-out line in its log)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    done = threading.Event()
 
-    def run() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(4096)
-            while not done.wait(0.3):
-                try:
-                    conn.sendall(b"H")
-                except OSError:
-                    return
+    def dribble(conn: socket.socket, done: threading.Event) -> None:
+        conn.recv(4096)
+        while not done.wait(0.3):
+            try:
+                conn.sendall(b"H")
+            except OSError:
+                return
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        assert check(f"http://127.0.0.1:{listener.getsockname()[1]}/health", "1", limit=5) == 1
-    finally:
-        done.set()
-        thread.join(timeout=10)
-        listener.close()
+    with raw_server(dribble) as port:
+        assert check(f"http://127.0.0.1:{port}/health", "1", limit=5) == 1
 
 
 @pytest.mark.parametrize(("timeout", "code"), [("x", 1), ("", 1), ("nan", 1), ("inf", 0), ("1e300", 0)])

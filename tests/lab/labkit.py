@@ -163,6 +163,15 @@ def lab_inventory() -> dict[str, Any]:
     return yaml.safe_load(hosts_file.read_text())
 
 
+def monitor_intervals() -> tuple[int, int]:
+    """The lab monitor's scrape and evaluation intervals in seconds, from the lab inventory (d3-monitors' vars, in
+    whole seconds as the lab writes them: "5s"): the one place the lab's tests learn them."""
+    found = lab_inventory()["all"]["children"]["d3-monitors"]["vars"]
+    scrape, evaluation = (str(found[f"d3_metrics_{key}_interval"]) for key in ("scrape", "evaluation"))
+    assert scrape.endswith("s") and evaluation.endswith("s"), (scrape, evaluation)
+    return int(scrape[:-1]), int(evaluation[:-1])
+
+
 def lab_host_list() -> list[LabHost]:
     """The lab hosts with their SSH access, in inventory order (d3-lab-host1, d3-lab-host2, ...)."""
     inventory = lab_inventory()

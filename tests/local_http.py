@@ -38,7 +38,8 @@ def serve(handler: type[QuietHandler], tls: ssl.SSLContext | None = None) -> Ite
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     if tls is not None:
         httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # a short poll: shutdown() waits for serve_forever's next poll (0.5 s by default) at every test's end
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"

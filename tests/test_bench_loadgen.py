@@ -80,7 +80,7 @@ class Server(ThreadingHTTPServer):
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     httpd = Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()

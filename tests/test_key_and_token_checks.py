@@ -64,7 +64,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, tuple[str, 
     (docroot / "portal.html").write_text("<html>sign in to the proxy</html>")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(docroot))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 

@@ -88,7 +88,7 @@ def test_exports() -> None:
         "d3_rollout_downtimes": rollout_downtimes, "d3_systemctl_show": systemctl_show}  # fmt: skip
     assert sorted(filters) == sorted(["d3_rollout_batches", "d3_rollout_drain_problems", "d3_rollout_slice_problems",
                                       "d3_rollout_drain_check", "d3_rollout_drain_plan", "d3_rollout_drain_detail",
-                                      "d3_rollout_drain_records",
+                                      "d3_rollout_drain_records", "d3_rollout_drain_files",
                                       "d3_rollout_restore_plan", "d3_rollout_routers_live", "d3_rollout_progress", "d3_rollout_batch_line",
                                       "d3_rollout_failure_cause", "d3_rollout_downtimes", "d3_rollout_rows",
                                       "d3_rollout_summary", "d3_systemctl_show", "d3_rollout_waves"])  # fmt: skip

@@ -15,6 +15,7 @@ from d3_rollout import (
     batch_line,
     drain_check,
     drain_detail,
+    drain_files,
     drain_plan,
     drain_records,
     failure_cause,
@@ -137,6 +138,22 @@ def test_the_rollout_drains_up_and_down_servers_and_leaves_an_operators_maint_or
     assert plan["kept"] == ["be_a/h1-a (MAINT(via be_x/s))"]
     assert plan["drain"] == [{"backend": "be_a", "server": "h3-a", "scur": 0}]  # a server the router does not list
     assert drain_plan({}, [A1]) == []
+
+
+def test_drain_files_are_one_named_record_per_server_that_drain_records_reads_back() -> None:
+    drain = [{"backend": "be_b", "server": "h2-b", "instance": "b"}, {"backend": "be_a", "server": "h2-a"}]
+    files = drain_files(drain, "h2", "2026-12-05T12:00:00Z", "rollout-1")
+    assert [f["name"] for f in files] == ["be_b--h2-b.json", "be_a--h2-a.json"]
+    assert all(f["content"].endswith("}\n") and f["content"].count("\n") == 1 for f in files)
+    assert drain_records("".join(f["content"] for f in files)) == [
+        {"backend": "be_a", "server": "h2-a", "host": "h2", "instance": "", "since": "2026-12-05T12:00:00Z",
+         "by": "playbooks/rollout.yml", "owner": "rollout-1"},
+        {"backend": "be_b", "server": "h2-b", "host": "h2", "instance": "b", "since": "2026-12-05T12:00:00Z",
+         "by": "playbooks/rollout.yml", "owner": "rollout-1"},
+    ]  # fmt: skip
+    # to remove them, the names alone
+    assert [f["name"] for f in drain_files(drain)] == ["be_b--h2-b.json", "be_a--h2-a.json"]
+    assert drain_files([]) == [] and drain_files(None) == []
 
 
 def test_drain_records_are_read_one_json_object_a_line_bad_lines_skipped() -> None:

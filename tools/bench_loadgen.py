@@ -112,7 +112,7 @@ def stand_in_simulator(repo: str, size: int, served: str, env: dict[str, str] | 
         os.environ.clear()
         os.environ.update(saved)
     httpd: ThreadingHTTPServer = sim.SimHTTPServer(("127.0.0.1", 0), sim.make_handler(state))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
 
 

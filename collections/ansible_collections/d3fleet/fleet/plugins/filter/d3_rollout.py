@@ -390,6 +390,18 @@ def drain_records(text: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["backend"], r["server"]))
 
 
+def drain_files(drain: Any, host: str = "", since: str = "", owner: str = "") -> list[dict[str, str]]:
+    """The drain records of one router's servers as the module d3fleet.fleet.state_files writes them (or, with only
+    ``drain``, names them to remove): one file ``BACKEND--SERVER.json`` per server {backend, server, instance}, its
+    content the JSON record drain_records reads back (host, instance, since, by, owner)."""
+    out = []
+    for d in drain or []:
+        record = {"backend": d["backend"], "server": d["server"], "host": host, "instance": d.get("instance") or "",
+                  "since": since, "by": "playbooks/rollout.yml", "owner": owner}  # fmt: skip
+        out.append({"name": f"{d['backend']}--{d['server']}.json", "content": json.dumps(record) + "\n"})
+    return out
+
+
 def restore_plan(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, str]]:
     """The recorded drains (left by an interrupted rollout) to give back: every record whose server the router still
     lists and that is not in maintenance (MAINT: an operator's, set after the record; it stays)."""
@@ -513,7 +525,7 @@ class FilterModule:
                 "d3_rollout_waves": rollout_waves,
                 "d3_rollout_slice_problems": slice_problems, "d3_rollout_drain_check": drain_check,
                 "d3_rollout_drain_plan": drain_plan, "d3_rollout_drain_detail": drain_detail,
-                "d3_rollout_drain_records": drain_records,
+                "d3_rollout_drain_records": drain_records, "d3_rollout_drain_files": drain_files,
                 "d3_rollout_restore_plan": restore_plan, "d3_rollout_routers_live": routers_live, "d3_rollout_progress": progress,
                 "d3_rollout_batch_line": batch_line, "d3_rollout_failure_cause": failure_cause,
                 "d3_rollout_downtimes": rollout_downtimes, "d3_rollout_rows": rollout_rows,

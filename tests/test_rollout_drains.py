@@ -5,6 +5,7 @@ one-line failure cause, and the closing summary table."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -153,6 +154,9 @@ def test_drain_files_are_one_named_record_per_server_that_drain_records_reads_ba
     ]  # fmt: skip
     # to remove them, the names alone
     assert [f["name"] for f in drain_files(drain)] == ["be_b--h2-b.json", "be_a--h2-a.json"]
+    assert json.loads(drain_files(drain[1:])[0]["content"]) == {
+        "backend": "be_a", "server": "h2-a", "host": "", "instance": "", "since": "", "by": "playbooks/rollout.yml",
+        "owner": ""}  # fmt: skip
     assert drain_files([]) == [] and drain_files(None) == []
 
 

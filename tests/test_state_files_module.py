@@ -200,3 +200,48 @@ def test_every_problem_is_named_at_once_and_a_name_at_the_limit_passes(tmp_path:
     assert run(capsys, dir=str(tmp_path), files=[{"name": name, "content": ""}])["written"] == [str(tmp_path / name)]
     # absent needs no content
     assert run(capsys, dir=str(tmp_path), files=[{"name": name}], state="absent")["removed"] == [str(tmp_path / name)]
+
+
+def test_the_temporary_file_is_a_hidden_one_in_the_same_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rename() is atomic only within one filesystem: the temporary file sits beside its target."""
+    moves: list[tuple[str, str]] = []
+    real = os.replace
+
+    def spy(src: str, dst: str) -> None:
+        moves.append((src, dst))
+        real(src, dst)
+
+    monkeypatch.setattr(state_files.os, "replace", spy)
+    run(capsys, dir=str(tmp_path), files=[{"name": "a.json", "content": "x"}])
+    [(src, dst)] = moves
+    assert Path(src).parent == tmp_path and Path(src).name.startswith(".state_files-") and dst == str(tmp_path / "a.json")
+
+
+def test_dir_is_a_path_with_variables_expanded_and_the_arguments_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("D3_TEST_STATE_DIR", str(tmp_path))
+    assert run(capsys, dir="$D3_TEST_STATE_DIR/d", dir_mode="0700", files=[{"name": "a", "content": "b"}])["written"] == [
+        str(tmp_path / "d" / "a")]  # fmt: skip
+    assert "missing required arguments: dir" in run(capsys, files=[])["msg"]
+    assert "missing required arguments: files" in run(capsys, dir=str(tmp_path))["msg"]
+    assert "value of state must be one of: present, absent" in run(capsys, dir=str(tmp_path), files=[], state="gone")["msg"]
+    bad = run(capsys, dir=str(tmp_path), files=["a.json"])
+    assert bad["failed"] and "files" in bad["msg"] and not (tmp_path / "a.json").exists()
+
+
+def test_problems_are_joined_one_after_the_other(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = run(capsys, dir=str(tmp_path), mode="9", dir_mode="8", files=[])
+    assert result["msg"] == ("mode = '9': want 4 octal digits as a string, such as '0600'. "
+                             "dir_mode = '8': want 4 octal digits as a string, such as '0600'.")  # fmt: skip
+
+
+def test_a_diff_of_bytes_that_are_not_utf_8_is_shown_replaced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a").write_bytes(b"ok\xff")
+    write = run(capsys, dir=str(tmp_path), files=[{"name": "a", "content": "new"}], _ansible_diff=True)
+    assert write["diff"][0]["before"] == "ok\ufffd" and (tmp_path / "a").read_text() == "new"
+    (tmp_path / "a").write_bytes(b"\xfe")
+    remove = run(capsys, dir=str(tmp_path), files=[{"name": "a"}], state="absent", _ansible_diff=True)
+    assert remove["diff"][0]["before"] == "\ufffd" and not (tmp_path / "a").exists()

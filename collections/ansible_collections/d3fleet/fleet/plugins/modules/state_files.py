@@ -13,9 +13,9 @@ description:
   - With O(state=present), each file is written when its content, mode or owner differs (a temporary file in the same
     directory, C(fsync), then C(rename), so a reader never sees half a file), owned by root with O(mode). With
     O(state=absent), each file that exists is removed; the directory is left as it is.
-  - With O(dir_mode), the directory is created when it is missing (parents too, as C(mkdir -p) with that mode) and
-    given that mode and root as owner when it exists; without it, a missing directory fails the task (O(state=present))
-    or has nothing to remove (O(state=absent)).
+  - With O(dir_mode), the directory is created when it is missing (with that mode; missing parents with the default
+    mode, as C(mkdir -p)) and given that mode and root as owner when it exists; without it, a missing directory fails
+    the task (O(state=present)) or has nothing to remove (O(state=absent)).
   - A symbolic link or anything but a regular file where a file goes fails the task before anything is written.
 options:
   dir:
@@ -169,7 +169,7 @@ def _directory(module: AnsibleModule, directory: str, dir_mode: str | None) -> b
     if st is not None and _owned(st, mode):
         return False
     if not module.check_mode:
-        if st is None:
+        if st is None:  # created with its mode (never more open, even for a moment); parents as mkdir -p makes them
             os.makedirs(directory, mode=mode)
         os.chmod(directory, mode)
         os.chown(directory, 0, 0)

@@ -159,8 +159,111 @@ def test_a_write_that_fails_leaves_no_temporary_file(
 
     monkeypatch.setattr(state_files.os, "fchown", refuse)
     result = run(capsys, dir=str(tmp_path), files=[{"name": "a.json", "content": "x"}])
-    assert result["failed"] and result["msg"] == f"state_files in {tmp_path}: fchown refused"
+    assert result["failed"] and result["msg"] == (f"state_files in {tmp_path}: fchown refused Run it as root (become: true): "
+                                                  "the files are root's.")  # fmt: skip
+    assert (result["changed"], result["written"], result["removed"]) == (False, [], [])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_part_way_says_what_was_written_before_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.fsync
+    calls: list[int] = []
+
+    def second_fails(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(27, "File too large")
+        real(fd)
+
+    monkeypatch.setattr(state_files.os, "fsync", second_fails)
+    (tmp_path / "gone.json").write_text("g")
+    result = run(capsys, dir=str(tmp_path), files=[{"name": "a.json", "content": "A"}, {"name": "b.json", "content": "B"}])
+    assert result["failed"] and result["msg"] == f"state_files in {tmp_path}: [Errno 27] File too large"
+    assert (result["changed"], result["written"], result["removed"]) == (True, [str(tmp_path / "a.json")], [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "gone.json"]
+    # a removal that fails after another: the one removed is named
+    real_unlink = os.unlink
+
+    def refuse_b(path: str) -> None:
+        if path.endswith("b.json"):
+            raise PermissionError(13, "Permission denied")
+        real_unlink(path)
+
+    (tmp_path / "b.json").write_text("B")
+    monkeypatch.setattr(state_files.os, "unlink", refuse_b)
+    result = run(capsys, dir=str(tmp_path), files=[{"name": "a.json"}, {"name": "b.json"}], state="absent")
+    assert (result["failed"], result["changed"], result["removed"]) == (True, True, [str(tmp_path / "a.json")])
+    assert result["msg"].endswith("Permission denied Run it as root (become: true): the files are root's.")
+
+
+def test_absent_takes_any_name_that_stays_in_the_directory_once_and_a_file_gone_meanwhile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drain record written by hand (its server name with a space) is removed or simply not there; a name given
+    twice counts once; a file another run removed between the read and the unlink is gone, as asked."""
+    (tmp_path / "be_d3-lite--old host3.json").write_text("{}")
+    (tmp_path / "s1").write_text("1")
+    (tmp_path / "s2").write_text("2")
+    names = ["s2", "be_d3-lite--old host3.json", "never there", "s1", "s1"]
+    real_unlink = os.unlink
+
+    def s2_gone_meanwhile(path: str) -> None:
+        real_unlink(path)
+        if path.endswith("s2"):
+            raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(state_files.os, "unlink", s2_gone_meanwhile)
+    result = run(capsys, dir=str(tmp_path), files=[{"name": n} for n in names], state="absent")
+    assert result["removed"] == [str(tmp_path / "be_d3-lite--old host3.json"), str(tmp_path / "s1")] and result["changed"]
+    assert list(tmp_path.iterdir()) == []
+    for bad in ("a/b", "..", ".", "", "x" * 256, "a\0b"):
+        refused = run(capsys, dir=str(tmp_path), files=[{"name": bad}], state="absent")
+        assert refused["failed"] and "want a plain file name" in refused["msg"], bad
+    assert run(capsys, dir=str(tmp_path), files=[{"name": "x" * 255}, {"name": ".hidden"}], state="absent")["changed"] is False
+    # present keeps the strict names, and a name given twice is written once, with the last content
+    assert "want a plain file name" in run(capsys, dir=str(tmp_path), files=[{"name": "a b", "content": ""}])["msg"]
+    twice = run(capsys, dir=str(tmp_path), files=[{"name": "t", "content": "1"}, {"name": "t", "content": "2"}])
+    assert twice["written"] == [str(tmp_path / "t")] and (tmp_path / "t").read_text() == "2"
+
+
+def test_a_link_to_a_directory_is_followed_and_missing_levels_get_the_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/var/lib/d3 moved to a data disk behind a link: written through it, its target kept right; each missing level is
+    made with dir_mode, whatever the umask (as the file module makes them)."""
+    disk = tmp_path / "disk"
+    disk.mkdir(mode=0o755)
+    os.chmod(disk, 0o755)
+    (tmp_path / "d3").symlink_to(disk)
+    result = run(capsys, dir=str(tmp_path / "d3"), dir_mode="0755", files=[{"name": "lease.json", "content": "{}"}])
+    assert result["written"] == [str(tmp_path / "d3" / "lease.json")] and (disk / "lease.json").read_text() == "{}"
+    assert (tmp_path / "d3").is_symlink() and mode(disk) == 0o755
+    assert run(capsys, dir=str(tmp_path / "d3"), files=[{"name": "lease.json"}], state="absent")["changed"]
+    os.umask(old := os.umask(0o077))
+    try:
+        os.umask(0o077)
+        made = run(capsys, dir=str(tmp_path / "new" / "srv" / "d3"), dir_mode="0755", files=[])
+    finally:
+        os.umask(old)
+    levels = [tmp_path / p for p in ("new", "new/srv", "new/srv/d3")]
+    assert made["changed"] and [(mode(p), p.stat().st_uid, p.stat().st_gid) for p in levels] == [(0o755, 0, 0)] * 3
+    # a level made meanwhile by another run is taken as it is, then given the mode
+    real_mkdir = os.mkdir
+
+    def made_meanwhile(path: str, mode: int = 0o777) -> None:
+        real_mkdir(path, 0o700)
+        raise FileExistsError(17, "File exists")
+
+    monkeypatch.setattr(state_files.os, "mkdir", made_meanwhile)
+    assert run(capsys, dir=str(tmp_path / "other"), dir_mode="0750", files=[])["changed"] and mode(tmp_path / "other") == 0o750
+
+
+def test_a_fifo_where_a_file_goes_is_refused_without_waiting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    os.mkfifo(tmp_path / "pipe.json")
+    result = run(capsys, dir=str(tmp_path), files=[{"name": "pipe.json", "content": "x"}])
+    assert result["failed"] and f"{tmp_path / 'pipe.json'} exists and is not a regular file" in result["msg"]
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -16,7 +16,10 @@ description:
   - With O(dir_mode), the directory is created when it is missing (with that mode; missing parents with the default
     mode, as C(mkdir -p)) and given that mode and root as owner when it exists; without it, a missing directory fails
     the task (O(state=present)) or has nothing to remove (O(state=absent)).
-  - A symbolic link or anything but a regular file where a file goes fails the task before anything is written.
+  - A symbolic link or anything but a regular file where a file goes fails the task before anything is written (a link
+    at O(dir) to a directory is followed, as M(ansible.builtin.file) does). With O(state=absent), any name that stays
+    in the directory is accepted (a file named by hand is removed, or is not there), a name given twice counts once,
+    and a file already gone is not an error.
 options:
   dir:
     description: The directory, an absolute path without C(.) or C(..) components.
@@ -52,7 +55,7 @@ attributes:
     support: full
     details: One diff per file written or removed (its text before and after).
 notes:
-  - Run it as root (C(become)): the files are root's.
+  - "Run it as root (C(become)): the files are root's."
 author: d3-fleet
 """
 
@@ -87,6 +90,7 @@ removed:
   sample: [/var/lib/d3/router-drains/be_d3-lite--host2-d3-lite.json]
 """
 
+import contextlib
 import os
 import re
 import stat
@@ -96,6 +100,8 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+-]{0,199}\Z")
+# what O(state=absent) removes: any name that stays in the directory (a record named by hand is removed or not there)
+NAME_ABSENT = re.compile(r"[^/\0]{1,255}\Z")
 MODE = re.compile(r"0[0-7]{3}\Z")
 
 
@@ -111,7 +117,9 @@ def problems(params: dict[str, Any]) -> list[str]:
             out.append(f"{key} = {value!r}: want 4 octal digits as a string, such as '0600'.")
     for i, item in enumerate(params["files"]):
         name = item.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
+        if params["state"] == "absent" and isinstance(name, str) and NAME_ABSENT.match(name) and name not in (".", ".."):
+            pass
+        elif not isinstance(name, str) or not NAME.match(name):
             out.append(f"files[{i}].name = {name!r}: want a plain file name (letters, digits, _.:@+-; not starting with .).")
         elif params["state"] == "present" and not isinstance(item.get("content"), str):
             out.append(f"files[{i}] ({name}): content must be a string.")
@@ -122,14 +130,22 @@ def problems(params: dict[str, Any]) -> list[str]:
 
 
 def _read(path: str) -> tuple[os.stat_result | None, bytes]:
-    """The file's lstat and content (None and b'' when it does not exist); a non-regular file raises ValueError."""
+    """The file's stat and content (None and b'' when it does not exist), read through a descriptor opened without
+    following a link or waiting on a FIFO; anything but a regular file raises ValueError."""
+    refused = ValueError(f"{path} exists and is not a regular file (a link, a directory...): remove it by hand.")
     try:
-        st = os.lstat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None, b""
+    except OSError as exc:  # ELOOP: a link; EISDIR cannot happen with O_RDONLY, other errors are raised as they are
+        if os.path.islink(path):
+            raise refused from exc
+        raise
+    st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path} exists and is not a regular file (a link, a directory...): remove it by hand.")
-    with open(path, "rb") as handle:
+        os.close(fd)
+        raise refused
+    with os.fdopen(fd, "rb") as handle:
         return st, handle.read()
 
 
@@ -154,9 +170,10 @@ def _write(directory: str, path: str, data: bytes, mode: int) -> None:
 
 
 def _directory(module: AnsibleModule, directory: str, dir_mode: str | None) -> bool:
-    """Make the directory right (dir_mode given) or check it exists; True when it changed (or would)."""
+    """Make the directory right (dir_mode given) or check it exists; True when it changed (or would). A link to a
+    directory is followed (as the file module does: /var/lib/d3 moved to a data disk)."""
     try:
-        st = os.lstat(directory)
+        st = os.stat(directory)
     except FileNotFoundError:
         st = None
     if st is not None and not stat.S_ISDIR(st.st_mode):
@@ -169,11 +186,45 @@ def _directory(module: AnsibleModule, directory: str, dir_mode: str | None) -> b
     if st is not None and _owned(st, mode):
         return False
     if not module.check_mode:
-        if st is None:  # created with its mode (never more open, even for a moment); parents as mkdir -p makes them
-            os.makedirs(directory, mode=mode)
+        missing = []
+        at = directory
+        while not os.path.isdir(at):
+            missing.append(at)
+            at = os.path.dirname(at)
+        for level in reversed(missing):  # each missing level, as the file module makes them: this mode, root's
+            with contextlib.suppress(FileExistsError):  # another run made it meanwhile
+                os.mkdir(level, mode)
+            os.chmod(level, mode)
+            os.chown(level, 0, 0)
         os.chmod(directory, mode)
         os.chown(directory, 0, 0)
     return True
+
+
+def _apply(module: AnsibleModule, directory: str, plans: list[tuple[str, bytes]], removals: list[str], mode: int,
+           changed: bool) -> tuple[list[str], list[str]]:
+    """Write and remove; the paths written and removed. A failure part way says what was done before it."""
+    written: list[str] = []
+    removed: list[str] = []
+    try:
+        for path, new in plans:
+            _write(directory, path, new, mode)
+            written.append(path)
+        for path in removals:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # removed meanwhile (another run): gone as asked
+                continue
+            removed.append(path)
+    except OSError as exc:
+        module.fail_json(msg=_failure(module.params["dir"], exc), changed=changed or bool(written or removed),
+                         written=written, removed=removed)  # fmt: skip
+    return written, removed
+
+
+def _failure(directory: str, exc: Exception) -> str:
+    hint = " Run it as root (become: true): the files are root's." if isinstance(exc, PermissionError) else ""
+    return f"state_files in {directory}: {exc}{hint}"
 
 
 def run(module: AnsibleModule) -> dict[str, Any]:
@@ -187,7 +238,8 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     removed: list[str] = []
     diffs: list[dict[str, str]] = []
     plans = []
-    for item in params["files"]:
+    items = {item["name"]: item for item in params["files"]}  # a name given twice: once (the last one's content)
+    for item in items.values():
         path = os.path.join(directory, item["name"])
         st, old = _read(path)
         if present:
@@ -201,10 +253,7 @@ def run(module: AnsibleModule) -> dict[str, Any]:
             removed.append(path)
             diffs.append({"before_header": path, "after_header": path, "before": old.decode(errors="replace"), "after": ""})
     if not module.check_mode:
-        for path, new in plans:
-            _write(directory, path, new, mode)
-        for path in removed:
-            os.unlink(path)
+        written, removed = _apply(module, directory, plans, removed, mode, changed)
     result: dict[str, Any] = {"changed": changed or bool(written or removed), "written": written, "removed": removed}
     if module._diff:
         result["diff"] = diffs
@@ -228,7 +277,7 @@ def main() -> None:
     try:
         module.exit_json(**run(module))
     except (OSError, ValueError) as exc:
-        module.fail_json(msg=f"state_files in {module.params['dir']}: {exc}")
+        module.fail_json(msg=_failure(module.params["dir"], exc))
 
 
 if __name__ == "__main__":

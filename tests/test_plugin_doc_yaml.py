@@ -58,3 +58,43 @@ def test_a_colon_in_a_sentence_is_caught(tmp_path: Path) -> None:
     bad.write_text(f'DOCUMENTATION = r"""\n{doc}"""\n')
     with pytest.raises(yaml.YAMLError):
         yaml.safe_load(doc_blocks(bad)["DOCUMENTATION"])
+
+
+def prose_problems(node: object, where: str = "") -> list[str]:
+    """Where a description, notes or details entry is not text: a list item such as ``- Run it as root (C(become)):
+    the files are root's.`` parses as a one-key mapping, and ansible-doc's text view then fails on the whole plugin
+    (its --json view, tests/test_collection_docs.py, does not)."""
+    out = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("description", "notes", "details", "short_description"):
+                items = value if isinstance(value, list) else [value]
+                out += [f"{where}.{key}: {item!r}" for item in items if not isinstance(item, str)]
+            else:
+                out += prose_problems(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            out += prose_problems(item, f"{where}[{i}]")
+    return out
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(PLUGINS)))
+def test_every_description_and_note_is_text(path: Path) -> None:
+    for name in ("DOCUMENTATION", "RETURN"):
+        text = doc_blocks(path).get(name)
+        if text:
+            assert prose_problems(yaml.safe_load(text), name) == [], path.relative_to(ROOT)
+
+
+def test_a_note_that_parses_as_a_mapping_is_caught() -> None:
+    doc = yaml.safe_load("module: x\nnotes:\n  - Run it as root (C(become)): the files are root's.\noptions:\n  a:\n    description: ok\n")
+    assert prose_problems(doc, "DOCUMENTATION") == ["DOCUMENTATION.notes: {'Run it as root (C(become))': \"the files are root's.\"}"]
+
+
+SIDECARS = sorted((PLUGINS / "filter").glob("*.yml"))
+
+
+@pytest.mark.parametrize("path", SIDECARS, ids=lambda p: p.name)
+def test_every_filter_description_and_note_is_text(path: Path) -> None:
+    data = yaml.safe_load(path.read_text())
+    assert prose_problems({k: data.get(k) for k in ("DOCUMENTATION", "RETURN")}) == [], path.name
